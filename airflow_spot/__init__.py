@@ -1,0 +1,30 @@
+"""airflow-spot: run ML training on spot / preemptible GPUs from Airflow and still meet the deadline.
+
+Importing this package is cheap: it holds the version and the provider metadata Airflow reads.
+The pure core lives in :mod:`airflow_spot.policy` and :mod:`airflow_spot.ledger`; the trace
+simulator in :mod:`airflow_spot.simulate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Provider metadata for Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
+    return {
+        "package-name": "airflow-provider-spot",
+        "name": "Spot training",
+        "description": "Runs ML training on spot / preemptible GPU capacity and meets the deadline: "
+        "preemption-aware budgets, checkpoint resume, deadline-driven on-demand fallback, cost ledger.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Spot training",
+                "external-doc-url": "https://github.com/airflow-spot/airflow-spot#readme",
+                "tags": ["software"],
+            }
+        ],
+    }

@@ -1,0 +1,138 @@
+"""The job, what is observed of it at one moment, and the decision taken.
+
+All times are seconds measured from the start of the job (``now=0`` at the first decision);
+callers convert wall clocks at the edge. Nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from airflow_spot.exceptions import InfeasibleDeadline, InvalidJobSpec
+
+HOUR = 3600.0
+
+
+class Capacity(str, Enum):
+    """Where the job runs: nowhere, on spot, or on on-demand capacity."""
+
+    NONE = "none"
+    SPOT = "spot"
+    ON_DEMAND = "on_demand"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A training job: how much work, by when, and what capacity costs.
+
+    :param work_s: compute seconds the job needs on the reference capacity.
+    :param deadline_s: seconds from the job's start by which the work must be done.
+    :param changeover_s: seconds lost on every launch (start-up plus restore from checkpoint).
+    :param spot_price: spot price per hour.
+    :param on_demand_price: on-demand price per hour.
+    :param tick_s: how often the policy is asked again; the safety net keeps this much margin.
+    :param max_preemptions: preemptions to tolerate on spot before ``last_attempt_on_demand``
+        moves to on-demand for good (``None`` = unlimited).
+    """
+
+    work_s: float
+    deadline_s: float
+    changeover_s: float = 0.2 * HOUR
+    spot_price: float = 0.9731
+    on_demand_price: float = 3.06
+    tick_s: float = 600.0
+    max_preemptions: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("work_s", self.work_s, "the compute time the job needs, e.g. 48 h = 172800")
+        _positive("deadline_s", self.deadline_s, "seconds from the job's start")
+        _positive("tick_s", self.tick_s, "the decision interval in seconds")
+        _positive("on_demand_price", self.on_demand_price, "price per hour of on-demand capacity")
+        if not (math.isfinite(self.changeover_s) and self.changeover_s >= 0):
+            raise InvalidJobSpec("changeover_s", f"must be >= 0 seconds, got {self.changeover_s!r}")
+        if not (math.isfinite(self.spot_price) and self.spot_price >= 0):
+            raise InvalidJobSpec("spot_price", f"must be >= 0 per hour, got {self.spot_price!r}")
+        if self.max_preemptions is not None and self.max_preemptions < 0:
+            raise InvalidJobSpec("max_preemptions", f"must be >= 0 or None, got {self.max_preemptions}")
+        if self.deadline_s < self.work_s:
+            raise InvalidJobSpec(
+                "deadline_s",
+                f"the deadline ({self.deadline_s / HOUR:.2f} h) is before the work could end "
+                f"({self.work_s / HOUR:.2f} h of compute); move the deadline later or cut the work",
+            )
+        need = self.work_s + self.changeover_s
+        if need > self.deadline_s:
+            raise InfeasibleDeadline(
+                "deadline_s",
+                f"infeasible: {self.work_s / HOUR:.2f} h of work + {self.changeover_s / HOUR:.2f} h "
+                f"changeover = {need / HOUR:.2f} h > deadline {self.deadline_s / HOUR:.2f} h even all "
+                "on-demand; move the deadline later or cut the work",
+            )
+
+    @property
+    def slack_s(self) -> float:
+        return self.deadline_s - self.work_s
+
+
+def _positive(name: str, value: float, what: str) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise InvalidJobSpec(name, f"must be a positive number ({what}), got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the controller knows at ``now``.
+
+    :param now: seconds since the job started.
+    :param done_s: work done so far, in compute seconds (from the latest checkpoint or the
+        simulator's exact progress).
+    :param capacity: the capacity held now (launching or running).
+    :param spot_available: whether spot could be had now (``None`` = unknown).
+    :param changeover_left_s: changeover still to pay on the current capacity.
+    :param preemptions: spot preemptions so far.
+    :param spot_age_s: how long spot has been in its current state (up or down), as seen.
+    """
+
+    now: float
+    done_s: float
+    capacity: Capacity = Capacity.NONE
+    spot_available: bool | None = None
+    changeover_left_s: float = 0.0
+    preemptions: int = 0
+    spot_age_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The capacity to use from now until the next look, and why (built only when read)."""
+
+    capacity: Capacity
+    rule: str
+    args: tuple = ()
+
+    @property
+    def reason(self) -> str:
+        return REASONS.get(self.rule, self.rule).format(*self.args)
+
+
+REASONS: dict[str, str] = {
+    "done": "work is complete",
+    "od_only": "policy runs on on-demand only",
+    "spot_up": "spot is available: use it",
+    "spot_down_wait": "spot is down and slack {0:.2f} h is enough: wait",
+    "stay_spot": "keep the spot capacity already running",
+    "behind": "progress {0:.2f} h is behind the uniform line {1:.2f} h: catch up on on-demand",
+    "hysteresis": "on on-demand and not yet {0:.2f} h ahead of the line: stay",
+    "budget_spent": "{0} preemptions spent the budget of {1}: on-demand for the rest",
+    "safety": "slack {0:.2f} h would not cover a changeover and the next look: on-demand to meet the deadline",
+}
+REASONS.update(
+    {
+        "da_keep_od": "spot is back but slack {0:.2f} h is too close to the reserve {1:.2f} h: stay on on-demand",
+        "da_od_spot_down": "spot down {0:.2f} h: stay on on-demand rather than pay two changeovers",
+        "da_reserve": "spot down {0:.2f} h, slack {1:.2f} h at the reserve {2:.2f} h: on-demand",
+        "da_wait": "spot down {0:.2f} h, slack {1:.2f} h above the reserve {2:.2f} h: wait",
+    }
+)
