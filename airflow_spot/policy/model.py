@@ -93,6 +93,7 @@ class Observation:
     :param changeover_left_s: changeover still to pay on the current capacity.
     :param preemptions: spot preemptions so far.
     :param spot_age_s: how long spot has been in its current state (up or down), as seen.
+    :param spot_down_s: total time spot has been seen down since the job started.
     """
 
     now: float
@@ -102,6 +103,7 @@ class Observation:
     changeover_left_s: float = 0.0
     preemptions: int = 0
     spot_age_s: float = 0.0
+    spot_down_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ def replay(policy: Policy, trace: Trace, job: JobSpec, *, use_trace_prices: bool
     seg = _SegmentBuilder(ledger)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     work_on = {SPOT: 0.0, OD: 0.0}
-    age_since, prev_has = 0.0, None
+    age_since, prev_has, down = 0.0, None, 0.0
     t = 0
     met = False
     while True:
@@ -90,6 +90,8 @@ def replay(policy: Policy, trace: Trace, job: JobSpec, *, use_trace_prices: bool
         has = avail[t] if t < n else False
         if has != prev_has:
             age_since, prev_has = now, has
+        if t > 0 and (t > n or not avail[t - 1]):
+            down += gap
         last = cur
         if last is not NONE:
             w = gap - rro if gap > rro else 0.0
@@ -116,7 +118,7 @@ def replay(policy: Policy, trace: Trace, job: JobSpec, *, use_trace_prices: bool
         if now >= deadline:
             seg.close("deadline")
             break
-        obs = Observation(now, done, cur, has, rro, preemptions, now - age_since)
+        obs = Observation(now, done, cur, has, rro, preemptions, now - age_since, down)
         req = policy.decide(job, obs).capacity
         if req is not cur:
             if req is not NONE:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -119,7 +119,9 @@ def load_traces(
             )
             if not files:
                 raise TraceFormatError("trace", f"folder {p} holds no .json or .csv traces")
-            out.extend(load_trace(f, polarity=polarity, nodes=nodes, gap_s=gap_s) for f in files)
+            for f in files:
+                t = load_trace(f, polarity=polarity, nodes=nodes, gap_s=gap_s)
+                out.append(replace(t, name=f"{p.name}/{t.name}"))
         else:
             out.append(load_trace(p, polarity=polarity, nodes=nodes, gap_s=gap_s))
     return out
@@ -251,3 +253,10 @@ def _sibling_prices(p: Path, n: int) -> np.ndarray | None:
     if arr.shape != (n,):
         raise TraceFormatError("trace", f"{side.name}[{p.stem}] has {arr.size} prices for {n} probes")
     return arr
+
+
+def bundled(relative: str = "") -> Path:
+    """Path of a trace sample shipped with the package (see ``airflow_spot/data/traces/README.md``)."""
+    from importlib.resources import files
+
+    return Path(str(files("airflow_spot") / "data" / "traces")) / relative

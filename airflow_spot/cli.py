@@ -1,0 +1,119 @@
+"""``airflow-spot``: the command line.
+
+``airflow-spot simulate TRACE_OR_DIR... --work 48h --deadline 60h --policy uniform_progress``
+answers "what would this deadline cost on this pool's history?" before a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from airflow_spot.exceptions import ConfigError
+
+_UNITS = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0, "d": 24.0}
+
+
+def parse_hours(text: str, field: str = "duration") -> float:
+    """``'48h'``, ``'90m'``, ``'0.2h'``, ``'2d'``, ``'600s'`` (or a bare number of hours) -> hours."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d)?\s*", str(text))
+    if not m:
+        raise ConfigError(field, f"{text!r} is not a duration; write e.g. 48h, 90m, 600s or 2d")
+    return float(m.group(1)) * _UNITS[m.group(2) or "h"]
+
+
+def _hours_arg(field: str):
+    def conv(text: str) -> float:
+        try:
+            return parse_hours(text, field)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+
+    return conv
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="airflow-spot", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("simulate", help="replay policies on spot traces and compare their cost")
+    sim.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR")
+    sim.add_argument("--polarity", choices=["available", "unavailable"], help="what 1 means in JSON 0/1 traces")
+    sim.add_argument("--nodes", type=int, help="cluster size for instance-count traces")
+    sim.add_argument("--gap", type=_hours_arg("--gap"), help="resample to this tick (e.g. 600s)")
+    sim.add_argument("--work", type=_hours_arg("--work"), default=48.0)
+    sim.add_argument("--deadline", type=_hours_arg("--deadline"), action="append")
+    sim.add_argument("--changeover", type=_hours_arg("--changeover"), action="append")
+    sim.add_argument("--spot-price", type=float, default=0.9731)
+    sim.add_argument("--on-demand-price", type=float, default=3.06)
+    sim.add_argument("--trace-prices", action="store_true", help="bill spot at the trace's own prices")
+    sim.add_argument("--policy", action="append", help="repeat; default: greedy, uniform_progress, deadline_aware, omniscient")
+    sim.add_argument("--window", type=_hours_arg("--window"), help="cut each trace into random windows this long")
+    sim.add_argument("--windows", type=int, default=300, help="how many random windows per trace (with --window)")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--workers", type=int)
+    sim.add_argument("--json", type=Path, help="write one row per trace, policy, deadline and changeover")
+    sim.add_argument("--plot", type=Path, help="draw mean cost per policy per deadline (PNG)")
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "simulate":
+            return _simulate(args)
+    except ConfigError as e:
+        print(f"airflow-spot: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from airflow_spot.simulate.report import format_table, plot_costs
+    from airflow_spot.simulate.sweep import Setting, random_windows, summarise, sweep
+    from airflow_spot.simulate.traces import load_traces
+
+    traces = load_traces(args.traces, polarity=args.polarity, nodes=args.nodes)
+    if args.gap:
+        traces = [t.resample(args.gap * 3600) if abs(t.gap_s - args.gap * 3600) > 1e-9 else t for t in traces]
+    if args.window:
+        length = int(round(args.window * 3600 / traces[0].gap_s))
+        traces = [w for i, t in enumerate(traces) for w in random_windows(t, args.windows, length, args.seed + i)]
+    policies = args.policy or ["greedy", "uniform_progress", "deadline_aware", "omniscient"]
+    settings = [
+        Setting(args.work, dl, co, args.spot_price, args.on_demand_price)
+        for dl in (args.deadline or [60.0])
+        for co in (args.changeover or [0.2])
+    ]
+    for s in settings:
+        s.job(traces[0].gap_s)  # validate every job before the sweep starts
+    t0 = time.perf_counter()
+    progress = None if args.quiet or not sys.stderr.isatty() else _progress_bar
+    rows = sweep(traces, policies, settings, use_trace_prices=args.trace_prices, workers=args.workers, progress=progress)
+    elapsed = time.perf_counter() - t0
+    print(format_table(summarise(rows)))
+    print(f"{len(traces)} traces x {len(policies)} policies x {len(settings)} settings in {elapsed:.1f} s")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=None))
+        print(f"wrote {len(rows)} rows to {args.json}")
+    if args.plot:
+        plot_costs(summarise(rows), args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    fill = int(width * done / total)
+    sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

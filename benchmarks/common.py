@@ -1,0 +1,53 @@
+"""Evaluation sets shared by the benchmark scripts.
+
+* ``paper``: the us-west-2a windows of *Can't Be Late* (``cant-be-late-windows``).
+* ``aws-p3``: 300 random-start windows per zone (92 h, 600 s ticks) cut from
+  ``aws-p3-2month`` (its ~195 s probes resampled onto 600 s ticks).
+* ``gcp-h100``: the same cut from ``gcp-h100-2week``.
+
+The full traces are read from ``../shared/traces`` or ``$SPOT_TRACES``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow_spot.simulate.sweep import Setting, random_windows
+from airflow_spot.simulate.traces import Trace, load_trace, load_traces
+
+ROOT = Path(os.environ.get("SPOT_TRACES", Path(__file__).resolve().parents[1].parent / "shared" / "traces"))
+PAPER_ENVS = ["us-west-2a_k80_1", "us-west-2a_k80_8", "us-west-2a_v100_1", "us-west-2a_v100_8"]
+GRID_DEADLINES = (52, 56, 60, 64, 70, 80)
+GRID_CHANGEOVERS = (0.05, 0.2, 0.4)
+WINDOW_TICKS = 554  # 92.3 h of 600 s ticks, as the paper
+
+
+def grid() -> list[Setting]:
+    return [Setting(48.0, dl, co, 0.9731, 3.06) for dl in GRID_DEADLINES for co in GRID_CHANGEOVERS]
+
+
+def paper_windows(per_env: int | None = None) -> list[Trace]:
+    out: list[Trace] = []
+    for env in PAPER_ENVS:
+        ts = load_traces([ROOT / "cant-be-late-windows" / env], polarity="unavailable")
+        out += ts[:per_env] if per_env else ts
+    return out
+
+
+def family_windows(family: str, per_zone: int = 300, seed: int = 0) -> list[Trace]:
+    if family == "aws-p3":
+        files = sorted((ROOT / "aws-p3-2month").glob("*.csv"))
+        traces = [_aws(f) for f in files]
+    elif family == "gcp-h100":
+        files = sorted((ROOT / "gcp-h100-2week").glob("*.json"))
+        traces = [load_trace(f, polarity="unavailable") for f in files]
+    elif family == "paper":
+        return paper_windows(per_zone)
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    return [w for i, t in enumerate(traces) for w in random_windows(t, per_zone, WINDOW_TICKS, seed + i)]
+
+
+def _aws(path: Path) -> Trace:
+    return load_trace(path, gap_s=600.0)

@@ -1,0 +1,20 @@
+"""`make bench`: every benchmark script, one after another, printing their figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ["policy_grid.py", "crosscheck.py", "import_cost.py"]
+
+if __name__ == "__main__":
+    rc = 0
+    for name in SCRIPTS:
+        path = HERE / name
+        if not path.exists():
+            continue
+        print(f"\n=== {name} ===", flush=True)
+        rc |= subprocess.call([sys.executable, str(path), *sys.argv[1:]])
+    sys.exit(rc)

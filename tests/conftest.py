@@ -1,0 +1,15 @@
+"""Shared fixtures. Airflow's home and dags folder are set before anything imports airflow."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_HOME = Path(tempfile.mkdtemp(prefix="airflow-spot-tests-"))
+os.environ.setdefault("AIRFLOW_HOME", str(_HOME / "airflow_home"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+
+REPO = Path(__file__).resolve().parents[1]

@@ -1,0 +1,129 @@
+"""Policies: the registry, each policy's rules in named situations, and the shared safety net."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from airflow_spot.exceptions import UnknownPolicy
+from airflow_spot.policy import HOUR, Capacity, JobSpec, Observation, get_policy, policy_names
+from airflow_spot.policy.base import Policy, register
+from airflow_spot.simulate import Trace, replay
+
+NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
+JOB = JobSpec(work_s=48 * HOUR, deadline_s=60 * HOUR, changeover_s=0.2 * HOUR)
+SAFE = ["on_demand", "greedy", "uniform_progress", "last_attempt_on_demand", "deadline_aware"]
+
+
+def obs(now_h: float, done_h: float, cap: Capacity = NONE, spot: bool = True, **kw) -> Observation:
+    return Observation(now=now_h * HOUR, done_s=done_h * HOUR, capacity=cap, spot_available=spot, **kw)
+
+
+def test_registry_lists_every_policy() -> None:
+    """All five policies are registered by name."""
+    assert set(SAFE) <= set(policy_names())
+
+
+def test_unknown_policy_names_the_choices() -> None:
+    """An unknown name raises UnknownPolicy naming the field and the valid names."""
+    with pytest.raises(UnknownPolicy, match=r"policy: unknown policy 'cheapest'; choose one of .*deadline_aware"):
+        get_policy("cheapest")
+
+
+@pytest.mark.parametrize(
+    ("policy", "observation", "expected"),
+    [
+        ("on_demand", obs(0, 0), OD),
+        ("greedy", obs(1, 1), SPOT),
+        ("greedy", obs(1, 1, spot=False), NONE),
+        ("greedy", obs(11.9, 0.5, spot=False), OD),  # slack gone: on-demand for good
+        ("uniform_progress", obs(10, 7.5, spot=False), OD),  # behind the line 8 h: catch up
+        ("uniform_progress", obs(10, 8.5, spot=False), NONE),  # ahead of the line 8 h: wait
+        ("uniform_progress", obs(10, 8.1, OD, spot=True), OD),  # hysteresis: not ahead at t + 2d
+        ("uniform_progress", obs(10, 9, OD, spot=True), SPOT),
+        ("last_attempt_on_demand", obs(5, 4, preemptions=2), SPOT),
+        ("last_attempt_on_demand", obs(5, 4, preemptions=3), OD),
+        ("deadline_aware", obs(1, 1, spot=False), NONE),  # slack 11 h well above the reserve
+        ("deadline_aware", obs(30, 22, spot=False), OD),  # slack 4 h below the reserve
+        ("deadline_aware", obs(30, 22, OD, spot=False), OD),  # never leave on-demand while spot is down
+        ("deadline_aware", obs(10, 9, OD, spot=True), SPOT),
+    ],
+)
+def test_policy_rules(policy: str, observation: Observation, expected: Capacity) -> None:
+    """Each policy picks the capacity its rule names in that situation."""
+    assert get_policy(policy).decide(JOB, observation).capacity is expected
+
+
+def test_done_job_idles() -> None:
+    """Once the work is done every policy releases capacity."""
+    for name in SAFE:
+        assert get_policy(name).decide(JOB, obs(50, 48, SPOT)).capacity is NONE
+
+
+def test_every_decision_has_a_readable_reason() -> None:
+    """Every decision's reason is a sentence with its figures filled in."""
+    for name in SAFE:
+        for o in (obs(1, 1), obs(1, 1, spot=False), obs(30, 22, spot=False), obs(11.5, 0.5, spot=False)):
+            reason = get_policy(name).decide(JOB, o).reason
+            assert len(reason) > 10 and "{" not in reason
+
+
+def test_safety_net_overrides_a_reckless_choice() -> None:
+    """A policy that always waits is forced to on-demand once only on-demand can still finish."""
+
+    class AlwaysWait(Policy):
+        name = "test_always_wait"
+
+        def choose(self, job, o):
+            from airflow_spot.policy.model import Decision
+
+            return Decision(NONE, "spot_down_wait", (0.0,))
+
+    d = AlwaysWait().decide(JOB, obs(11.9, 0, spot=False))
+    assert d.capacity is OD and d.rule == "safety"
+
+
+def _random_trace(rng: np.random.Generator, p_up: float, mean_run: float, n: int = 554) -> Trace:
+    avail = np.empty(n, dtype=bool)
+    state, i = rng.random() < p_up, 0
+    while i < n:
+        run = max(1, int(rng.exponential(mean_run if state else mean_run * (1 - p_up) / p_up)))
+        avail[i : i + run] = state
+        i += run
+        state = not state
+    return Trace("random", 600.0, avail)
+
+
+@pytest.mark.parametrize("name", SAFE)
+def test_no_safe_policy_misses_a_feasible_deadline(name: str) -> None:
+    """On 150 random markets (from always-up to nearly-always-down) and tight to loose deadlines,
+    every policy on the safety net meets the deadline."""
+    rng = np.random.default_rng(7)
+    policy = get_policy(name)
+    for k in range(150):
+        trace = _random_trace(rng, p_up=rng.uniform(0.02, 0.98), mean_run=rng.uniform(1, 30))
+        job = JobSpec(
+            work_s=48 * HOUR,
+            deadline_s=float(rng.choice([48.5, 50, 52, 60, 80])) * HOUR,
+            changeover_s=float(rng.choice([0.05, 0.2, 0.4])) * HOUR,
+            max_preemptions=int(rng.integers(0, 5)),
+        )
+        result = replay(policy, trace, job)
+        assert result.met, f"{name} missed on random market {k} ({job})"
+
+
+def test_unsafe_baseline_can_miss() -> None:
+    """Without the safety net a policy that waits for spot misses the deadline on a dead market."""
+
+    @register
+    class Reckless(Policy):
+        name = "test_reckless"
+        unsafe = True
+
+        def choose(self, job, o):
+            from airflow_spot.policy.model import Decision
+
+            return Decision(SPOT if o.spot_available else NONE, "spot_up")
+
+    result = replay(Reckless(), Trace("dead", 600.0, np.zeros(554, dtype=bool)), JOB)
+    assert not result.met

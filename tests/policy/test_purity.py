@@ -1,0 +1,35 @@
+"""The pure core imports nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+FORBIDDEN = ("airflow", "kubernetes", "kubernetes_asyncio", "boto3", "botocore", "numpy")
+
+
+@pytest.mark.parametrize("module", ["airflow_spot.policy", "airflow_spot.ledger", "airflow_spot.exceptions"])
+def test_core_imports_no_airflow_kubernetes_boto3(module: str) -> None:
+    """Importing a core module loads none of Airflow, Kubernetes, boto3 or numpy."""
+    code = (
+        f"import sys, {module}; "
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r}); print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"{module} pulled in {out}"
+
+
+def test_core_never_reads_the_clock() -> None:
+    """No module of the pure core calls time.time, datetime.now or similar: time is an argument."""
+    from pathlib import Path
+
+    import airflow_spot
+
+    root = Path(airflow_spot.__file__).parent
+    sources = list((root / "policy").glob("*.py")) + [root / "ledger.py"]
+    for src in sources:
+        text = src.read_text()
+        for needle in ("time.time(", "datetime.now(", "utcnow(", "monotonic(", "perf_counter("):
+            assert needle not in text, f"{src.name} reads the clock via {needle}"
