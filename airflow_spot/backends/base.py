@@ -1,0 +1,65 @@
+"""Typed attempt states and outcomes shared by every backend (pure: no Airflow)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class State(str, Enum):
+    """Where an attempt is in its life."""
+
+    WAITING = "waiting"  # a spot launch waiting for capacity (not billed)
+    LAUNCHING = "launching"  # changeover: start-up and restore (billed, no progress)
+    RUNNING = "running"
+    PREEMPTING = "preempting"  # notice sent, SIGTERM / SIGKILL to follow
+    ENDED = "ended"
+
+
+class Outcome(str, Enum):
+    """How an attempt ended. A preemption is never an application failure."""
+
+    SUCCEEDED = "succeeded"
+    PREEMPTED = "preempted"  # the cloud took the spot capacity back
+    SPOT_UNAVAILABLE = "spot_unavailable"  # never got spot capacity in time
+    INFRA_DISRUPTION = "infra_disruption"  # not a spot reclaim, not the application (drain, lost supervisor)
+    OOM_KILLED = "oom_killed"
+    APP_FAILURE = "app_failure"  # non-zero exit on healthy capacity
+    CANCELLED = "cancelled"  # we stopped it (decision or kill)
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    """What a backend reports about one attempt; times are wall-clock seconds since the epoch."""
+
+    state: State
+    capacity: str
+    attempt: int
+    launched_at: float
+    granted_at: float | None = None  # when capacity was granted (spot may wait before)
+    started_at: float | None = None  # when the training process started (changeover over)
+    ended_at: float | None = None
+    outcome: Outcome | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    heartbeat: float | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state is State.ENDED
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        d["outcome"] = self.outcome.value if self.outcome else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttemptStatus:
+        d = dict(d)
+        d["state"] = State(d["state"])
+        d["outcome"] = Outcome(d["outcome"]) if d.get("outcome") else None
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,179 @@
+"""The embedded local backend: attempts as detached supervisor processes on this machine,
+spot capacity replayed from a real trace (see :mod:`.market`, :mod:`.supervisor`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from airflow_spot.backends.base import AttemptStatus, Outcome, State
+from airflow_spot.backends.local.market import MarketSpec
+from airflow_spot.checkpoint.training import ENV
+from airflow_spot.exceptions import BackendError, ConfigError
+
+DEFAULT_TRACE = "cant-be-late/us-west-2a_v100_1/3.json"
+STARTUP_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class LocalBackend:
+    """Run attempts here, against a spot market replayed from a trace.
+
+    :param trace: trace file for the market (default: a bundled us-west-2a V100 window).
+    :param polarity: what 1 means in a 0/1 JSON trace.
+    :param time_scale: trace seconds per wall second (3600 = one trace hour per second). Every
+        duration the ledger reports is in market time (wall time x ``time_scale``).
+    :param offset: trace tick at which the market starts.
+    :param notice_s: wall seconds between the preemption notice and SIGTERM.
+    :param grace_s: wall seconds between SIGTERM and SIGKILL.
+    :param work_dir: where attempt folders go (default ``$AIRFLOW_HOME/spot_runs``).
+    """
+
+    trace: str | None = None
+    polarity: str | None = "unavailable"
+    time_scale: float = 3600.0
+    offset: int = 0
+    notice_s: float = 0.3
+    grace_s: float = 3.0
+    work_dir: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    name = "local"
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise ConfigError("backend.time_scale", f"must be > 0 (trace seconds per wall second), got {self.time_scale}")
+        if self.notice_s < 0 or self.grace_s < 0:
+            raise ConfigError("backend.grace_s", "notice_s and grace_s must be >= 0 seconds")
+
+    # -- configuration ----------------------------------------------------------------------
+    def trace_path(self) -> str:
+        if self.trace:
+            return self.trace
+        from airflow_spot.simulate.traces import bundled
+
+        return str(bundled(DEFAULT_TRACE))
+
+    def market_spec(self, epoch: float) -> MarketSpec:
+        return MarketSpec(self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset)
+
+    def root(self) -> Path:
+        if self.work_dir:
+            return Path(self.work_dir)
+        return Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "spot_runs"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "local", "trace": self.trace, "polarity": self.polarity, "time_scale": self.time_scale,
+                "offset": self.offset, "notice_s": self.notice_s, "grace_s": self.grace_s, "work_dir": self.work_dir}
+
+    # -- attempts ---------------------------------------------------------------------------
+    def launch(
+        self, run_key: str, attempt: int, capacity: str, command: list[str], *, checkpoint_uri: str,
+        changeover_wall_s: float, market: MarketSpec, env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Start attempt ``attempt`` under a detached supervisor; returns its handle."""
+        run_dir = self.root() / run_key / f"attempt-{attempt:03d}"
+        if (run_dir / "spec.json").exists():
+            raise BackendError(f"{run_dir} already holds an attempt; refusing to start a second one")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = {
+            "attempt": attempt,
+            "capacity": capacity,
+            "command": command,
+            "changeover_wall_s": changeover_wall_s,
+            "notice_s": self.notice_s,
+            "grace_s": self.grace_s,
+            "notice_file": str(run_dir / "NOTICE"),
+            "market": market.to_dict(),
+            "env": {
+                **self.extra_env,
+                **(env or {}),
+                ENV["checkpoint_uri"]: checkpoint_uri,
+                ENV["notice_file"]: str(run_dir / "NOTICE"),
+                ENV["progress_file"]: str(run_dir / "progress.json"),
+                ENV["capacity"]: capacity,
+                ENV["attempt"]: str(attempt),
+            },
+        }
+        (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+        subprocess.run(
+            [sys.executable, "-m", "airflow_spot.backends.local.supervisor", "--detach", str(run_dir)],
+            check=True, stdin=subprocess.DEVNULL, timeout=30,
+        )
+        return {"run_dir": str(run_dir), "launched_at": time.time()}
+
+    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+        """The attempt's status; a supervisor that died without a verdict reads as ``lost``."""
+        return read_status(handle)
+
+    def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:
+        path = Path(handle["run_dir"]) / "progress.json"
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def cancel(self, handle: dict[str, Any], wait_s: float = 10.0) -> AttemptStatus:
+        """Stop the attempt and everything it started; returns its final status."""
+        st = read_status(handle)
+        if st.terminal:
+            return st
+        raw = _raw(handle) or {}
+        sup = raw.get("supervisor_pid")
+        if sup and _is_supervisor(sup, handle["run_dir"]):
+            os.kill(sup, signal.SIGTERM)
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            st = read_status(handle)
+            if st.terminal:
+                break
+            time.sleep(0.05)
+        pgid = (_raw(handle) or {}).get("pgid")
+        if pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)  # belt and braces: nothing may survive a cancel
+            except (ProcessLookupError, PermissionError):
+                pass
+        return read_status(handle)
+
+
+def _raw(handle: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(handle["run_dir"]) / "status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _is_supervisor(pid: int, run_dir: str) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"airflow_spot.backends.local.supervisor" in cmd and run_dir.encode() in cmd
+
+
+def read_status(handle: dict[str, Any]) -> AttemptStatus:
+    raw = _raw(handle)
+    spec = json.loads((Path(handle["run_dir"]) / "spec.json").read_text())
+    if raw is None:
+        age = time.time() - float(handle.get("launched_at", 0))
+        state = State.LAUNCHING if age < STARTUP_GRACE_S else State.ENDED
+        outcome = None if state is State.LAUNCHING else Outcome.INFRA_DISRUPTION
+        return AttemptStatus(state, spec["capacity"], spec["attempt"], float(handle.get("launched_at", 0)),
+                             outcome=outcome, reason="" if outcome is None else "the supervisor never started")
+    st = AttemptStatus.from_dict(raw)
+    if not st.terminal and not _is_supervisor(raw.get("supervisor_pid", -1), handle["run_dir"]):
+        # re-read: it may have finished between the two reads
+        again = AttemptStatus.from_dict(_raw(handle) or raw)
+        if again.terminal:
+            return again
+        return replace(st, state=State.ENDED, outcome=Outcome.INFRA_DISRUPTION, ended_at=st.heartbeat or time.time(),
+                       reason="the attempt's supervisor is gone without a verdict (machine or process lost); never adopted")
+    return st

@@ -1,0 +1,81 @@
+"""A spot market replayed from a real trace, with a time scale (pure: time is an argument).
+
+``time_scale`` trace seconds pass per wall second (3600: one trace hour per second). Tick
+``offset`` of the trace starts at wall time ``epoch``. Past the trace's end it wraps around.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MarketSpec:
+    """Everything needed to rebuild the market anywhere (supervisor, trigger, operator)."""
+
+    trace: str  # path to a trace file
+    polarity: str | None = "unavailable"
+    nodes: int | None = None
+    time_scale: float = 3600.0
+    epoch: float = 0.0
+    offset: int = 0
+    spot_price: float | None = None  # None: the trace's own prices if it has them
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MarketSpec:
+        return cls(**d)
+
+
+class ReplayMarket:
+    """Answers "is spot up at wall time t?" and "when does that next change?"."""
+
+    def __init__(self, spec: MarketSpec, available: list[bool], gap_s: float, prices: list[float] | None = None) -> None:
+        if not available:
+            raise ValueError("empty market trace")
+        self.spec = spec
+        self.available = available
+        self.gap_s = gap_s
+        self.prices = prices
+
+    @classmethod
+    def load(cls, spec: MarketSpec) -> ReplayMarket:
+        from airflow_spot.simulate.traces import load_trace
+
+        t = load_trace(spec.trace, polarity=spec.polarity, nodes=spec.nodes)  # type: ignore[arg-type]
+        prices = t.prices.tolist() if t.prices is not None else None
+        return cls(spec, t.available.tolist(), t.gap_s, prices)
+
+    @cached_property
+    def tick_wall_s(self) -> float:
+        return self.gap_s / self.spec.time_scale
+
+    def tick_at(self, wall: float) -> int:
+        return self.spec.offset + max(0, math.floor((wall - self.spec.epoch) / self.tick_wall_s))
+
+    def available_at(self, wall: float) -> bool:
+        return self.available[self.tick_at(wall) % len(self.available)]
+
+    def spot_price_at(self, wall: float, default: float) -> float:
+        if self.spec.spot_price is not None:
+            return self.spec.spot_price
+        if self.prices is None:
+            return default
+        return self.prices[self.tick_at(wall) % len(self.prices)]
+
+    def next_change(self, wall: float, horizon_ticks: int = 100_000) -> float:
+        """Wall time of the next tick whose availability differs from now's."""
+        k = self.tick_at(wall)
+        now = self.available[k % len(self.available)]
+        for j in range(1, horizon_ticks):
+            if self.available[(k + j) % len(self.available)] != now:
+                return self.spec.epoch + (k + j - self.spec.offset) * self.tick_wall_s
+        return math.inf
+
+    def market_seconds(self, wall_from: float, wall_to: float) -> float:
+        return (wall_to - wall_from) * self.spec.time_scale

@@ -1,0 +1,198 @@
+"""The detached supervisor of one local attempt.
+
+    python -m airflow_spot.backends.local.supervisor RUN_DIR
+
+Reads ``RUN_DIR/spec.json``, and writes ``RUN_DIR/status.json`` (atomically) as the attempt
+moves ``waiting (spot down) -> launching (changeover) -> running -> ended``. It runs in a
+session of its own, so it outlives the Airflow worker that started it, and starts the
+training command in a process group of its own.
+
+On spot, when the replayed market takes capacity away: the notice file appears, then after
+``notice_s`` the process group gets SIGTERM, then after ``grace_s`` SIGKILL. The outcome is
+``preempted`` unless the command exits 0 first. A non-zero exit on healthy capacity is an
+``app_failure``. SIGTERM to the supervisor itself cancels: the whole group is killed and the
+outcome is ``cancelled``. Nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow_spot.backends.base import AttemptStatus, Outcome, State
+from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
+
+POLL_S = 0.02
+OOM_EXIT = 137
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.spec = json.loads((run_dir / "spec.json").read_text())
+        self.capacity = self.spec["capacity"]
+        self.market = ReplayMarket.load(MarketSpec.from_dict(self.spec["market"])) if self.capacity == "spot" else None
+        self.status_path = run_dir / "status.json"
+        self.notice_path = Path(self.spec["notice_file"])
+        self.child: subprocess.Popen | None = None
+        self.cancel_requested = False
+        self.doc: dict[str, Any] = AttemptStatus(
+            State.WAITING if self.capacity == "spot" else State.LAUNCHING,
+            self.capacity,
+            int(self.spec["attempt"]),
+            launched_at=time.time(),
+        ).to_dict()
+        self.doc["supervisor_pid"] = os.getpid()
+
+    # -- status ---------------------------------------------------------------------------
+    def publish(self, **changes: Any) -> None:
+        self.doc.update(changes)
+        self.doc["heartbeat"] = time.time()
+        write_json(self.status_path, self.doc)
+
+    def finish(self, outcome: Outcome, reason: str, exit_code: int | None = None, **evidence: Any) -> None:
+        self.publish(state=State.ENDED.value, outcome=outcome.value, reason=reason, exit_code=exit_code,
+                     ended_at=time.time(), evidence=evidence)
+
+    def spot_up(self) -> bool:
+        return self.market is None or self.market.available_at(time.time())
+
+    # -- life -----------------------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_cancel)
+        self.publish()
+        try:
+            if not self._wait_for_spot() or not self._changeover():
+                return 0
+            self._start_child()
+            self._watch()
+        except Exception as e:  # noqa: BLE001 - the supervisor must always leave a verdict
+            self._kill_group(signal.SIGKILL)
+            self.finish(Outcome.INFRA_DISRUPTION, f"supervisor error: {e!r}")
+        return 0
+
+    def _on_cancel(self, signum, frame) -> None:  # noqa: ARG002
+        self.cancel_requested = True
+
+    def _cancelled(self) -> bool:
+        if not self.cancel_requested:
+            return False
+        self._stop_child(grace_s=float(self.spec.get("grace_s", 2.0)))
+        self.finish(Outcome.CANCELLED, "cancelled by the controller")
+        return True
+
+    def _wait_for_spot(self) -> bool:
+        while not self.spot_up():
+            if self._cancelled():
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def _changeover(self) -> bool:
+        start = time.time()
+        self.publish(state=State.LAUNCHING.value, granted_at=start)
+        end = start + float(self.spec.get("changeover_wall_s", 0.0))
+        while time.time() < end:
+            if self._cancelled():
+                return False
+            if not self.spot_up():
+                tick = self.market.tick_at(time.time()) if self.market else None
+                self.finish(Outcome.PREEMPTED, "spot capacity reclaimed during start-up", market_tick=tick, during="launch")
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def _start_child(self) -> None:
+        env = {**os.environ, **self.spec.get("env", {})}
+        log = open(self.run_dir / "attempt.log", "ab")  # noqa: SIM115 - lives as long as the child
+        self.child = subprocess.Popen(
+            self.spec["command"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=self.spec.get("cwd") or None,
+        )
+        self.publish(state=State.RUNNING.value, started_at=time.time(), child_pid=self.child.pid, pgid=self.child.pid)
+
+    def _watch(self) -> None:
+        assert self.child is not None
+        notice_at = term_at = None
+        last_beat = 0.0
+        while True:
+            rc = self.child.poll()
+            if rc is not None:
+                self._kill_group(signal.SIGKILL)  # leftovers of the group
+                self._verdict(rc, notice_at)
+                return
+            now = time.time()
+            if self._cancelled():
+                return
+            if notice_at is None and not self.spot_up():
+                notice_at = now
+                self.notice_path.write_text(json.dumps({"reason": "spot capacity reclaimed", "at": now}))
+                self.publish(state=State.PREEMPTING.value, notice_at=now, market_tick=self.market.tick_at(now) if self.market else None)
+            if notice_at is not None and term_at is None and now >= notice_at + float(self.spec.get("notice_s", 0.0)):
+                term_at = now
+                self._kill_group(signal.SIGTERM)
+            if term_at is not None and now >= term_at + float(self.spec.get("grace_s", 2.0)):
+                self._kill_group(signal.SIGKILL)
+            if now - last_beat > 0.5:
+                self.publish()
+                last_beat = now
+            time.sleep(POLL_S)
+
+    def _verdict(self, rc: int, notice_at: float | None) -> None:
+        if rc == 0:
+            self.finish(Outcome.SUCCEEDED, "the training command exited 0", exit_code=0)
+        elif notice_at is not None:
+            self.finish(Outcome.PREEMPTED, "spot capacity reclaimed (notice, SIGTERM, SIGKILL after grace)",
+                        exit_code=rc, market_tick=self.doc.get("market_tick"), notice_at=notice_at)
+        elif rc in (-signal.SIGKILL, OOM_EXIT):
+            self.finish(Outcome.APP_FAILURE, f"the training command was killed (exit {rc}) on healthy capacity", exit_code=rc)
+        else:
+            self.finish(Outcome.APP_FAILURE, f"the training command exited {rc} on healthy capacity", exit_code=rc)
+
+    def _stop_child(self, grace_s: float) -> None:
+        if self.child is None or self.child.poll() is not None:
+            self._kill_group(signal.SIGKILL)
+            return
+        self._kill_group(signal.SIGTERM)
+        deadline = time.time() + grace_s
+        while self.child.poll() is None and time.time() < deadline:
+            time.sleep(POLL_S)
+        self._kill_group(signal.SIGKILL)
+        self.child.wait()
+
+    def _kill_group(self, sig: int) -> None:
+        if self.child is None:
+            return
+        try:
+            os.killpg(self.child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--detach":
+        # first stage: start the real supervisor in a new session and return at once
+        subprocess.Popen(
+            [sys.executable, "-m", "airflow_spot.backends.local.supervisor", argv[2]],
+            start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=open(Path(argv[2]) / "supervisor.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            close_fds=True,
+        )
+        return 0
+    return Supervisor(Path(argv[1])).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

@@ -1,0 +1,12 @@
+"""Checkpoints that are visible only when complete, in a directory or S3, and a training-loop helper.
+
+Usable inside a training container with only the standard library (and boto3 for S3):
+nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+from airflow_spot.checkpoint.manifest import Checkpoints, FileEntry, Manifest
+from airflow_spot.checkpoint.stores import LocalStore, S3Store, Store, open_store, validate_uri
+
+__all__ = ["Checkpoints", "FileEntry", "LocalStore", "Manifest", "S3Store", "Store", "open_store", "validate_uri"]

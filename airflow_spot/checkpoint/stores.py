@@ -1,0 +1,151 @@
+"""Where checkpoints live: a local directory or S3. No Airflow import; boto3 only for S3.
+
+A store maps keys (``/``-separated relative paths) to bytes. Keys never escape the
+configured prefix: absolute keys, ``..`` and empty parts are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from airflow_spot.exceptions import CheckpointError, ConfigError
+
+_PART = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def safe_key(key: str) -> str:
+    """``key`` if it is a relative path of plain parts; raises CheckpointError otherwise."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") or not _PART.match(p) for p in parts):
+        raise CheckpointError(f"unsafe checkpoint key {key!r}: only relative paths of [A-Za-z0-9._-] parts")
+    return key
+
+
+class Store(Protocol):
+    uri: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def list(self, prefix: str = "") -> list[str]: ...
+    def delete(self, key: str) -> None: ...
+
+
+class LocalStore:
+    """A directory; writes go to a temporary file renamed into place (atomic on POSIX)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.uri = self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / safe_key(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.rglob("*"):
+            if p.is_file() and not p.name.startswith("."):
+                key = p.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        parent = path.parent
+        while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+
+
+class S3Store:
+    """``s3://bucket/prefix`` through boto3; endpoint and credentials from the environment
+    (``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ...) or a given client."""
+
+    def __init__(self, bucket: str, prefix: str = "", client=None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self._client = client
+
+    @property
+    def client(self):
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+        return self._client
+
+    def _key(self, key: str) -> str:
+        safe_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except self.client.exceptions.NoSuchKey as e:
+            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        out = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix):
+            out += [o["Key"][len(base) :] for o in page.get("Contents", [])]
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def validate_uri(uri: str, field: str = "checkpoint_uri") -> str:
+    """Check a checkpoint URI's shape without touching disk or network."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ConfigError(field, "must be a path, file:///path or s3://bucket/prefix")
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc or not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", parsed.netloc):
+            raise ConfigError(field, f"{uri!r}: S3 URIs look like s3://bucket/prefix with a valid bucket name")
+        if any(p in ("..", ".") for p in parsed.path.split("/")):
+            raise ConfigError(field, f"{uri!r}: the prefix must not contain '.' or '..'")
+    elif parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise ConfigError(field, f"{uri!r}: file URIs look like file:///absolute/path")
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        raise ConfigError(field, f"{uri!r}: unsupported scheme {parsed.scheme!r}; use a path, file:// or s3://")
+    return uri
+
+
+def open_store(uri: str) -> Store:
+    """The store for a checkpoint URI (a path, ``file://`` or ``s3://bucket/prefix``)."""
+    validate_uri(uri)
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        return S3Store(parsed.netloc, parsed.path)
+    if parsed.scheme == "file":
+        return LocalStore(parsed.path)
+    return LocalStore(uri)

@@ -1,0 +1,125 @@
+"""A helper for training loops: resume, save every N steps, save at once on a preemption.
+
+::
+
+    session = TrainingSession.from_env(total_steps=400, save_every=50)
+    start, files = session.resume()            # (0, None) on a fresh start
+    state = restore(files) if files else init()
+    for step in range(start, total_steps):
+        state = train_one_step(state, step)
+        session.step_done(step + 1, lambda: serialise(state), metrics={"loss": loss})
+    # step_done saves and exits with PREEMPTED_EXIT when SIGTERM or a notice arrived
+
+The backend tells the training process where to checkpoint and how to hear about a
+preemption through environment variables (names in :data:`ENV`). A SIGTERM or the notice
+file appearing makes the next ``step_done`` save immediately and exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
+from airflow_spot.checkpoint.stores import open_store
+
+log = logging.getLogger(__name__)
+
+ENV = {
+    "checkpoint_uri": "AIRFLOW_SPOT_CHECKPOINT_URI",
+    "notice_file": "AIRFLOW_SPOT_NOTICE_FILE",
+    "progress_file": "AIRFLOW_SPOT_PROGRESS_FILE",
+    "capacity": "AIRFLOW_SPOT_CAPACITY",
+    "attempt": "AIRFLOW_SPOT_ATTEMPT",
+}
+PREEMPTED_EXIT = 143  # 128 + SIGTERM: "stopped on request after saving"
+
+
+class TrainingSession:
+    """Checkpointing and preemption handling for one training process."""
+
+    def __init__(
+        self,
+        checkpoint_uri: str,
+        *,
+        total_steps: int,
+        save_every: int = 50,
+        keep: int = 3,
+        notice_file: str | None = None,
+        progress_file: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if total_steps < 1 or save_every < 1:
+            raise ValueError("total_steps and save_every must be >= 1")
+        self.checkpoints = Checkpoints(open_store(checkpoint_uri), keep=keep)
+        self.total_steps = total_steps
+        self.save_every = save_every
+        self.notice_file = Path(notice_file) if notice_file else None
+        self.progress_file = Path(progress_file) if progress_file else None
+        self.clock = clock
+        self.stop_requested = False
+        self.last_saved: int | None = None
+
+    @classmethod
+    def from_env(cls, *, total_steps: int, save_every: int = 50, keep: int = 3, checkpoint_uri: str | None = None) -> TrainingSession:
+        uri = checkpoint_uri or os.environ.get(ENV["checkpoint_uri"])
+        if not uri:
+            raise SystemExit(f"no checkpoint location: set {ENV['checkpoint_uri']} or pass checkpoint_uri")
+        session = cls(
+            uri,
+            total_steps=total_steps,
+            save_every=save_every,
+            keep=keep,
+            notice_file=os.environ.get(ENV["notice_file"]),
+            progress_file=os.environ.get(ENV["progress_file"]),
+        )
+        session.install_signal_handler()
+        return session
+
+    def install_signal_handler(self) -> None:
+        def on_term(signum, frame):  # noqa: ARG001
+            log.warning("SIGTERM: saving a checkpoint at the end of this step, then exiting.")
+            self.stop_requested = True
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    def resume(self) -> tuple[int, dict[str, bytes] | None]:
+        """(step to start from, files of the latest valid checkpoint or None)."""
+        m = self.checkpoints.latest_valid()
+        if m is None:
+            return 0, None
+        self.last_saved = m.step
+        log.info("Resuming from checkpoint %s (step %d of %s).", m.name, m.step, m.total_steps)
+        return m.step, self.checkpoints.load(m)
+
+    def notice(self) -> bool:
+        return self.stop_requested or (self.notice_file is not None and self.notice_file.exists())
+
+    def step_done(
+        self, step: int, state: Callable[[], dict[str, bytes]], *, metrics: dict[str, float] | None = None
+    ) -> Manifest | None:
+        """Call after finishing ``step`` steps. Saves when due; exits after saving on a notice."""
+        stopping = self.notice()
+        saved = None
+        if stopping or step % self.save_every == 0 or step >= self.total_steps:
+            saved = self.checkpoints.save(step, state(), now=self.clock(), total_steps=self.total_steps, metrics=metrics)
+            self.last_saved = step
+        self._report(step, metrics)
+        if stopping and step < self.total_steps:
+            log.warning("Preemption notice: checkpoint at step %d saved; exiting with %d.", step, PREEMPTED_EXIT)
+            sys.exit(PREEMPTED_EXIT)
+        return saved
+
+    def _report(self, step: int, metrics: dict[str, float] | None) -> None:
+        if self.progress_file is None:
+            return
+        doc = {"step": step, "total_steps": self.total_steps, "checkpoint_step": self.last_saved, "time": self.clock(), "metrics": metrics or {}}
+        tmp = self.progress_file.with_name(self.progress_file.name + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.progress_file)

@@ -1,0 +1,145 @@
+"""A training job's persistent state: attempts, budgets, what was seen of spot, decisions.
+
+Pure (no Airflow, no clock): the operator stores :meth:`JobState.to_dict` in the task
+instance's ``task_state_store`` so that it survives deferrals, worker restarts and retries,
+and builds the :class:`~airflow_spot.ledger.Ledger` from it. Wall times are seconds since the
+epoch; market times (what the policy and the ledger see) are ``(wall - started_at) * time_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_spot.ledger import Ledger, Phase, Segment
+from airflow_spot.policy import Capacity
+
+MAX_DECISIONS = 500
+
+
+@dataclass
+class AttemptRecord:
+    attempt: int
+    capacity: str
+    handle: dict[str, Any]
+    launched_at: float
+    step_start: int = 0
+    launch_began_at: float | None = None  # spot: when capacity was granted (waiting before)
+    started_at: float | None = None  # training process started: changeover over
+    ended_at: float | None = None
+    outcome: str | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    step_end: int | None = None
+    ckpt_step_end: int | None = None
+    price: float = 0.0
+    first_step: int | None = None  # first progress report seen (steady-state throughput)
+    first_step_at: float | None = None
+    last_step_at: float | None = None
+
+
+@dataclass
+class JobState:
+    started_at: float
+    deadline_at: float
+    time_scale: float = 1.0
+    total_steps: int | None = None
+    market: dict[str, Any] | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    current: int | None = None  # index into attempts of the live attempt
+    preemptions: int = 0
+    failures: int = 0
+    infra_disruptions: int = 0
+    spot_last: bool | None = None
+    spot_last_change: float | None = None
+    spot_down_s: float = 0.0  # market seconds spot was seen down
+    last_seen: float | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    finished: dict[str, Any] | None = None
+
+    # -- persistence ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobState:
+        d = dict(d)
+        d["attempts"] = [AttemptRecord(**a) for a in d.get("attempts", [])]
+        return cls(**d)
+
+    # -- time -----------------------------------------------------------------------------
+    def market_s(self, wall: float) -> float:
+        return (wall - self.started_at) * self.time_scale
+
+    @property
+    def deadline_s(self) -> float:
+        return self.market_s(self.deadline_at)
+
+    @property
+    def live(self) -> AttemptRecord | None:
+        return None if self.current is None else self.attempts[self.current]
+
+    # -- what was seen ----------------------------------------------------------------------
+    def see_spot(self, available: bool | None, wall: float) -> None:
+        """Account for spot's state between the previous look and ``wall``."""
+        if self.last_seen is not None and self.spot_last is False:
+            self.spot_down_s += (wall - self.last_seen) * self.time_scale
+        if available is not None and available != self.spot_last:
+            self.spot_last_change = wall
+        if available is not None:
+            self.spot_last = available
+        self.last_seen = wall
+
+    def spot_age_s(self, wall: float) -> float:
+        return 0.0 if self.spot_last_change is None else (wall - self.spot_last_change) * self.time_scale
+
+    def record_decision(self, wall: float, capacity: str, reason: str, done_steps: int | None) -> None:
+        self.decisions.append({"at": wall, "market_h": round(self.market_s(wall) / 3600, 4), "capacity": capacity,
+                               "reason": reason, "step": done_steps})
+        del self.decisions[:-MAX_DECISIONS]
+
+    # -- measurement ------------------------------------------------------------------------
+    def throughput(self) -> tuple[int, float]:
+        """(steps, market seconds) of steady-state training seen across attempts."""
+        steps, secs = 0, 0.0
+        for a in self.attempts:
+            if a.first_step is not None and a.step_end is not None and a.last_step_at and a.first_step_at:
+                steps += max(0, a.step_end - a.first_step)
+                secs += max(0.0, (a.last_step_at - a.first_step_at) * self.time_scale)
+        return steps, secs
+
+    def measured_changeover_s(self, seconds_per_step: float) -> float | None:
+        """Mean market seconds from capacity granted to the first step done, less one step."""
+        vals = [max(0.0, self.market_s(a.first_step_at) - self.market_s(a.launch_began_at or a.launched_at) - seconds_per_step)
+                for a in self.attempts if a.first_step_at is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    # -- the ledger -------------------------------------------------------------------------
+    def ledger(self, now: float, seconds_per_step: float, on_demand_price: float, work_s: float) -> Ledger:
+        """Segments of the job so far: idle gaps, waits, changeovers and runs of each attempt."""
+        led = Ledger(work_s, self.deadline_s, on_demand_price)
+        cursor = 0.0
+        for a in self.attempts:
+            cap = Capacity(a.capacity)
+            t_launch = self.market_s(a.launched_at)
+            t_grant = self.market_s(a.launch_began_at) if a.launch_began_at else t_launch
+            t_start = self.market_s(a.started_at) if a.started_at else None
+            t_end = self.market_s(a.ended_at or now)
+            p0 = a.step_start * seconds_per_step
+            if t_launch > cursor:
+                led.add(Segment(Capacity.NONE, Phase.IDLE, cursor, t_launch, p0, p0))
+            if t_grant > t_launch:
+                led.add(Segment(Capacity.NONE, Phase.IDLE, t_launch, min(t_grant, t_end), p0, p0, attempt=a.attempt))
+            launch_end = t_end if t_start is None else t_start
+            ended = a.outcome or ""
+            if launch_end > t_grant:
+                led.add(Segment(cap, Phase.LAUNCHING, t_grant, launch_end, p0, p0, a.price, attempt=a.attempt,
+                                ended_by=ended if t_start is None else ""))
+            if t_start is not None:
+                step_end = a.step_end if a.step_end is not None else a.step_start
+                kept = a.ckpt_step_end if a.ckpt_step_end is not None else step_end
+                lost = max(0, step_end - kept) * seconds_per_step if a.outcome in ("preempted", "cancelled", "infra_disruption", "app_failure", "oom_killed") else 0.0
+                led.add(Segment(cap, Phase.RUNNING, t_start, t_end, p0, step_end * seconds_per_step, a.price,
+                                attempt=a.attempt, ended_by=ended, lost_s=lost))
+            cursor = max(cursor, t_end)
+        return led

@@ -1,0 +1,299 @@
+"""One turn of the operator's loop: look, record, decide, act. Airflow-free except for the
+operator object it serves (its arguments) and the task state store the operator writes."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_spot.backends.base import AttemptStatus, Outcome
+from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
+from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
+from airflow_spot.checkpoint.stores import open_store
+from airflow_spot.exceptions import (
+    BackendError,
+    FailureBudgetExhausted,
+    InfeasibleDeadline,
+    PreemptionBudgetExhausted,
+)
+from airflow_spot.jobstate import AttemptRecord, JobState
+from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
+from airflow_spot.triggers.events import EventKind, SpotEvent
+
+if TYPE_CHECKING:
+    from airflow_spot.operators.spot_training import SpotTrainingOperator
+
+log = logging.getLogger("airflow_spot.controller")
+MAX_INFRA_DISRUPTIONS = 20
+MIN_STEPS_FOR_RATE = 10
+
+
+@dataclass
+class StepResult:
+    done: bool
+    summary: dict[str, Any] | None = None
+    wake_at: float = 0.0
+
+
+class Controller:
+    """Runs one turn at a time over a :class:`JobState`, for one operator."""
+
+    def __init__(self, op: SpotTrainingOperator, state: JobState, context: Any) -> None:
+        self.op = op
+        self.state = state
+        self.context = context
+        self.backend = op._backend()
+        self.market = ReplayMarket.load(MarketSpec.from_dict(state.market)) if state.market else None
+        self.checkpoints = Checkpoints(open_store(op.checkpoint_uri))
+        self.policy = get_policy(op.policy)
+        self.command = shlex.split(op.command) if isinstance(op.command, str) else list(op.command)
+
+    # -- one turn ---------------------------------------------------------------------------
+    def advance(self, event: SpotEvent | None) -> StepResult:
+        now = time.time()
+        st = self.state
+        if event is not None and event.kind is EventKind.ERROR:
+            log.warning("The watcher reported an error (%s); looking again.", event.message)
+        spot = self.market.available_at(now) if self.market else None
+        st.see_spot(spot, now)
+        ended = self._refresh_live(now)
+        if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
+            done = self._finish_if_complete(now)
+            if done is not None:
+                return StepResult(True, summary=done)
+        if st.failures > self.op.max_failures:
+            last = next((a for a in reversed(st.attempts) if a.outcome in ("app_failure", "oom_killed")), None)
+            raise FailureBudgetExhausted(
+                f"{st.failures} application failures exceed max_failures={self.op.max_failures}; last: attempt "
+                f"{last.attempt if last else '?'} {last.reason if last else ''}. Preemptions so far: {st.preemptions} "
+                "(they never count here). Fix the training code or raise max_failures."
+            )
+        if st.infra_disruptions > MAX_INFRA_DISRUPTIONS:
+            raise BackendError(f"{st.infra_disruptions} attempts lost to infrastructure; giving up on this try")
+        live = st.live
+        if live is not None and live.capacity == "spot" and spot is False:
+            # capacity is being reclaimed: the verdict arrives within notice + grace; wait for it
+            return StepResult(False, wake_at=now + self.op.poll_interval)
+        decision, job, obs = self._decide(now, spot)
+        self._act(decision, now, job, obs)
+        return StepResult(False, wake_at=now + self.op.decision_interval.total_seconds())
+
+    def wait_here(self, wake_at: float) -> SpotEvent:
+        """Synchronous mode: poll in the worker until something happens."""
+        from airflow_spot.triggers.watch import Watch
+
+        live = self.state.live
+        watch = Watch(live.handle if live else None, self.state.market, self.state.spot_last, wake_at)
+        while True:
+            ev = watch.poll_once()
+            if ev is not None:
+                return ev
+            time.sleep(self.op.poll_interval)
+
+    # -- looking ----------------------------------------------------------------------------
+    def _refresh_live(self, now: float) -> AttemptRecord | None:
+        live = self.state.live
+        if live is None:
+            return None
+        status = self.backend.status(live.handle)
+        self._sync(live, status)
+        if not status.terminal:
+            return None
+        self._close(live, status, now)
+        return live
+
+    def _sync(self, rec: AttemptRecord, status: AttemptStatus) -> None:
+        rec.launch_began_at = status.granted_at or rec.launch_began_at
+        rec.started_at = status.started_at or rec.started_at
+        prog = self.backend.progress(rec.handle)
+        if prog is not None:
+            if rec.first_step is None:
+                rec.first_step, rec.first_step_at = int(prog["step"]), float(prog["time"])
+            rec.step_end, rec.last_step_at = int(prog["step"]), float(prog["time"])
+
+    def _close(self, rec: AttemptRecord, status: AttemptStatus, now: float) -> None:
+        st = self.state
+        rec.ended_at = status.ended_at or now
+        rec.outcome = status.outcome.value if status.outcome else Outcome.INFRA_DISRUPTION.value
+        rec.reason = status.reason
+        rec.exit_code = status.exit_code
+        latest = self.checkpoints.latest_manifest()
+        rec.ckpt_step_end = latest.step if latest else 0
+        if rec.step_end is None:
+            rec.step_end = rec.step_start
+        st.current = None
+        outcome = rec.outcome
+        if outcome == Outcome.PREEMPTED.value:
+            st.preemptions += 1
+        elif outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value):
+            st.failures += 1
+            tail = _log_tail(Path(rec.handle["run_dir"]) / "attempt.log")
+            log.error("Attempt %d failed on healthy %s capacity: %s. Log tail:\n%s", rec.attempt, rec.capacity, rec.reason, tail)
+        elif outcome == Outcome.INFRA_DISRUPTION.value:
+            st.infra_disruptions += 1
+        lost = max(0, (rec.step_end or 0) - (rec.ckpt_step_end or 0))
+        log.info("Attempt %d on %s ended: %s (%s); progress step %s, checkpoint step %s, %d steps lost. "
+                 "Budgets: preemptions %d%s, failures %d/%d.", rec.attempt, rec.capacity, outcome, rec.reason,
+                 rec.step_end, rec.ckpt_step_end, lost, st.preemptions,
+                 "" if self.op.max_preemptions is None else f"/{self.op.max_preemptions}", st.failures, self.op.max_failures)
+
+    def _finish_if_complete(self, now: float) -> dict[str, Any] | None:
+        m = self.checkpoints.latest_valid()
+        total = self._total_steps(m)
+        if m is None or total is None or m.step < total:
+            rec = self.state.attempts[-1]
+            rec.outcome = Outcome.APP_FAILURE.value
+            rec.reason = f"exited 0 but the newest valid checkpoint is at step {m.step if m else 0} of {total}"
+            self.state.failures += 1
+            log.error("Attempt %d %s; counting it as an application failure.", rec.attempt, rec.reason)
+            return None
+        summary = self.summary(now, m)
+        self.state.finished = summary
+        log.info("Job complete: %s", _one_line(summary))
+        return summary
+
+    # -- deciding ---------------------------------------------------------------------------
+    def _total_steps(self, m: Manifest | None) -> int | None:
+        return self.op.total_steps or self.state.total_steps or (m.total_steps if m else None)
+
+    def seconds_per_step(self, total: int) -> float:
+        """Market seconds per step: measured once enough steps ran, else from expected_compute."""
+        steps, secs = self.state.throughput()
+        if steps >= MIN_STEPS_FOR_RATE and secs > 0:
+            return secs / steps
+        return self.op.expected_compute.total_seconds() * self.state.time_scale / total
+
+    def _decide(self, now: float, spot: bool | None) -> tuple[Decision, JobSpec, Observation]:
+        st = self.state
+        latest = self.checkpoints.latest_manifest()
+        total = self._total_steps(latest)
+        if total is None:
+            raise InfeasibleDeadline("total_steps", "unknown: give total_steps or write it into the checkpoints' manifests")
+        st.total_steps = total
+        sps = self.seconds_per_step(total)
+        done_steps = latest.step if latest else 0
+        scale = st.time_scale
+        changeover = st.measured_changeover_s(sps)
+        if changeover is None:
+            changeover = self.op.changeover.total_seconds() * scale
+        work_s, done_s, now_m = total * sps, done_steps * sps, st.market_s(now)
+        try:
+            job = JobSpec(work_s, st.deadline_s, changeover, self.op.spot_price, self.op.on_demand_price,
+                          tick_s=self.op.decision_interval.total_seconds() * scale, max_preemptions=self.op.max_preemptions)
+        except InfeasibleDeadline as e:
+            raise InfeasibleDeadline("deadline", f"at the measured {sps * total / HOUR:.2f} h for {total} steps: {e}") from e
+        live = st.live
+        cap = Capacity(live.capacity) if live else Capacity.NONE
+        left = 0.0
+        if live is not None and live.started_at is None:
+            began = live.launch_began_at or now
+            left = max(0.0, changeover - st.market_s(now) + st.market_s(began))
+        remaining, time_left = work_s - done_s, st.deadline_s - now_m
+        if not (cap is Capacity.ON_DEMAND and remaining + left <= time_left) and remaining + changeover > time_left and remaining > 0:
+            raise InfeasibleDeadline(
+                "deadline", f"cannot be met any more: {remaining / HOUR:.2f} h of work + {changeover / HOUR:.2f} h changeover "
+                f"> {time_left / HOUR:.2f} h left (measured {sps:.1f} s per step)")
+        obs = Observation(now_m, done_s, cap, spot, left, st.preemptions, st.spot_age_s(now), st.spot_down_s)
+        decision = self.policy.decide(job, obs)
+        if decision.capacity is Capacity.SPOT and self.op.max_preemptions is not None and st.preemptions > self.op.max_preemptions:
+            if self.op.on_preemption_budget == "fail":
+                raise PreemptionBudgetExhausted(
+                    f"{st.preemptions} preemptions exceed max_preemptions={self.op.max_preemptions} "
+                    "(on_preemption_budget='fail'); application failures so far: {st.failures}")
+            decision = Decision(Capacity.ON_DEMAND, "budget_spent", (st.preemptions, self.op.max_preemptions))
+        st.record_decision(now, decision.capacity.value, decision.reason, done_steps)
+        log.info("[spot] t=%.2f h, done %d/%d steps (%.1f%%), %s%s: %s -> %s", now_m / HOUR, done_steps, total,
+                 100 * done_steps / total, f"attempt {live.attempt} on {live.capacity}" if live else "idle",
+                 "" if spot is None else f", spot {'up' if spot else 'down'}", decision.reason, decision.capacity.value)
+        return decision, job, obs
+
+    # -- acting -----------------------------------------------------------------------------
+    def _act(self, decision: Decision, now: float, job: JobSpec, obs: Observation) -> None:
+        live = self.state.live
+        want = decision.capacity
+        if live is not None and Capacity(live.capacity) is want:
+            return
+        if live is not None:
+            log.info("Switching away from %s: cancelling attempt %d.", live.capacity, live.attempt)
+            status = self.backend.cancel(live.handle)
+            self._sync(live, status)
+            self._close(live, status, time.time())
+        if want is Capacity.NONE:
+            return
+        self._launch(want, job)
+
+    def _launch(self, capacity: Capacity, job: JobSpec) -> None:
+        st = self.state
+        ti = self.context["ti"]
+        n = len(st.attempts) + 1
+        latest = self.checkpoints.latest_manifest()
+        key = "/".join(_safe(x) for x in (ti.dag_id, ti.run_id, ti.task_id, str(getattr(ti, "map_index", -1))))
+        changeover_wall = self.op.changeover.total_seconds()
+        handle = self.backend.launch(
+            key, n, capacity.value, self.command, checkpoint_uri=self.op.checkpoint_uri,
+            changeover_wall_s=changeover_wall, market=MarketSpec.from_dict(st.market) if st.market else self.backend.market_spec(st.started_at),
+        )
+        price = job.spot_price if capacity is Capacity.SPOT else job.on_demand_price
+        st.attempts.append(AttemptRecord(n, capacity.value, handle, time.time(), step_start=latest.step if latest else 0, price=price))
+        st.current = len(st.attempts) - 1
+        log.info("Launched attempt %d on %s from checkpoint step %d (%s).", n, capacity.value, st.attempts[-1].step_start, handle["run_dir"])
+
+    def abandon(self) -> None:
+        """Cancel the live attempt (the task is failing for good); nothing is left running."""
+        live = self.state.live
+        if live is not None:
+            log.warning("Stopping attempt %d: the task is failing.", live.attempt)
+            status = self.backend.cancel(live.handle)
+            self._sync(live, status)
+            self._close(live, status, time.time())
+
+    # -- reporting --------------------------------------------------------------------------
+    def summary(self, now: float, final: Manifest | None) -> dict[str, Any]:
+        st = self.state
+        total = self._total_steps(final) or 1
+        sps = self.seconds_per_step(total)
+        led = st.ledger(now, sps, self.op.on_demand_price, total * sps)
+        led.finished_s = st.market_s(now)
+        out = led.summary()
+        out.update({
+            "policy": self.op.policy,
+            "time_scale": st.time_scale,
+            "deadline_hours": round(st.deadline_s / HOUR, 4),
+            "attempts": [
+                {"attempt": a.attempt, "capacity": a.capacity, "launched_h": round(st.market_s(a.launched_at) / HOUR, 4),
+                 "start_h": None if a.started_at is None else round(st.market_s(a.started_at) / HOUR, 4),
+                 "end_h": None if a.ended_at is None else round(st.market_s(a.ended_at) / HOUR, 4),
+                 "outcome": a.outcome, "reason": a.reason, "exit_code": a.exit_code,
+                 "step_start": a.step_start, "step_end": a.step_end, "checkpoint_step_end": a.ckpt_step_end}
+                for a in st.attempts
+            ],
+            "failures": st.failures,
+            "infra_disruptions": st.infra_disruptions,
+            "fallbacks_to_on_demand": sum(1 for a, b in zip(st.attempts, st.attempts[1:]) if a.capacity == "spot" and b.capacity == "on_demand"),
+            "returns_to_spot": sum(1 for a, b in zip(st.attempts, st.attempts[1:]) if a.capacity == "on_demand" and b.capacity == "spot"),
+            "final_checkpoint": None if final is None else {"name": final.name, "step": final.step, "metrics": final.metrics,
+                                                             "uri": f"{self.op.checkpoint_uri.rstrip('/')}/{final.name}"},
+            "decisions": st.decisions,
+        })
+        return out
+
+
+def _safe(part: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in part)
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _one_line(s: dict[str, Any]) -> str:
+    return (f"cost ${s['cost']:.2f} vs ${s['on_demand_cost']:.2f} all on-demand (savings {100 * s['savings']:.1f}%), "
+            f"spot {s['spot_hours']:.2f} h, on-demand {s['on_demand_hours']:.2f} h, idle {s['idle_hours']:.2f} h, "
+            f"{s['preemptions']} preemptions, {s['work_lost_hours']:.2f} h of work lost, deadline met: {s['deadline_met']}")

@@ -1,0 +1,41 @@
+"""The watcher's logic, shared by the trigger (deferrable) and the operator (synchronous mode).
+
+Pure of Airflow: one :func:`poll_once` looks at the attempt's status, the market and the
+clock and returns an event or ``None``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_spot.backends.local.backend import read_status
+from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
+from airflow_spot.triggers.events import EventKind, SpotEvent
+
+
+@dataclass
+class Watch:
+    """What to watch: an attempt (or none, while idle), the market, and when to wake anyway."""
+
+    handle: dict[str, Any] | None
+    market: dict[str, Any] | None
+    spot_was: bool | None
+    wake_at: float
+
+    def __post_init__(self) -> None:
+        self._market = ReplayMarket.load(MarketSpec.from_dict(self.market)) if self.market else None
+
+    def poll_once(self, now: float | None = None) -> SpotEvent | None:
+        now = time.time() if now is None else now
+        spot = self._market.available_at(now) if self._market else None
+        if self.handle is not None:
+            st = read_status(self.handle)
+            if st.terminal:
+                return SpotEvent(EventKind.ATTEMPT_ENDED, now, spot, st.to_dict())
+        if spot is not None and self.spot_was is not None and spot != self.spot_was:
+            return SpotEvent(EventKind.MARKET_CHANGED, now, spot)
+        if now >= self.wake_at:
+            return SpotEvent(EventKind.TICK, now, spot)
+        return None
