@@ -180,23 +180,27 @@ class Controller:
         changeover = st.measured_changeover_s(sps)
         if changeover is None:
             changeover = self.op.changeover.total_seconds() * scale
+        live = st.live
+        if live is not None and live.capacity == Capacity.ON_DEMAND.value and live.step_end is not None:
+            done_steps = max(done_steps, live.step_end)  # on-demand progress is not taken back
         work_s, done_s, now_m = total * sps, done_steps * sps, st.market_s(now)
         try:
             job = JobSpec(work_s, st.deadline_s, changeover, self.op.spot_price, self.op.on_demand_price,
                           tick_s=self.op.decision_interval.total_seconds() * scale, max_preemptions=self.op.max_preemptions)
         except InfeasibleDeadline as e:
             raise InfeasibleDeadline("deadline", f"at the measured {sps * total / HOUR:.2f} h for {total} steps: {e}") from e
-        live = st.live
         cap = Capacity(live.capacity) if live else Capacity.NONE
         left = 0.0
         if live is not None and live.started_at is None:
             began = live.launch_began_at or now
             left = max(0.0, changeover - st.market_s(now) + st.market_s(began))
         remaining, time_left = work_s - done_s, st.deadline_s - now_m
-        if not (cap is Capacity.ON_DEMAND and remaining + left <= time_left) and remaining + changeover > time_left and remaining > 0:
+        need = remaining + (left if cap is Capacity.ON_DEMAND else changeover)
+        if remaining > 0 and need > time_left + job.tick_s:
             raise InfeasibleDeadline(
-                "deadline", f"cannot be met any more: {remaining / HOUR:.2f} h of work + {changeover / HOUR:.2f} h changeover "
-                f"> {time_left / HOUR:.2f} h left (measured {sps:.1f} s per step)")
+                "deadline", f"cannot be met any more: {remaining / HOUR:.2f} h of work + changeover "
+                f"{(need - remaining) / HOUR:.2f} h > {time_left / HOUR:.2f} h left (measured {sps:.1f} s per step); "
+                "give more time or cut the work")
         obs = Observation(now_m, done_s, cap, spot, left, st.preemptions, st.spot_age_s(now), st.spot_down_s)
         decision = self.policy.decide(job, obs)
         if decision.capacity is Capacity.SPOT and self.op.max_preemptions is not None and st.preemptions > self.op.max_preemptions:
@@ -222,6 +226,7 @@ class Controller:
             status = self.backend.cancel(live.handle)
             self._sync(live, status)
             self._close(live, status, time.time())
+            live.reason = f"stopped to switch to {want.value}: {decision.reason}"
         if want is Capacity.NONE:
             return
         self._launch(want, job)
@@ -261,6 +266,8 @@ class Controller:
         out = led.summary()
         out.update({
             "policy": self.op.policy,
+            "on_demand_price": self.op.on_demand_price,
+            "spot_price": self.op.spot_price,
             "time_scale": st.time_scale,
             "deadline_hours": round(st.deadline_s / HOUR, 4),
             "attempts": [

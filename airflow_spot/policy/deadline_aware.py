@@ -14,7 +14,8 @@ line. That reserve is too cautious, and its returns to spot pay changeovers for 
 
 with ``f < 1``, never leaving on-demand while spot is still down (that pays two changeovers
 for nothing), and leaving it for spot only with ``return_margin`` changeovers of slack above
-the reserve, and only for spot that has stayed up ``settle_s`` (a spot run that just began
+the reserve, never for the last ``finish_changeovers`` changeovers of work, and only for
+spot that has stayed up ``settle_s`` (a spot run that just began
 is the likeliest to end at once). The shared safety net still guarantees the deadline whenever it is feasible.
 
 Parameters were fitted on the aws-p3-2month and gcp-h100-2week traces, never on the
@@ -37,6 +38,7 @@ class Params:
     floor: float = 1.0  # minimum reserve, in changeovers
     return_margin: float = 0.5  # slack above the reserve needed to leave on-demand, in changeovers
     settle_s: float = 600.0  # leave on-demand only for spot that has been up at least this long
+    finish_changeovers: float = 4.0  # with less work than this many changeovers left, finish on on-demand
 
 
 @register
@@ -60,7 +62,8 @@ class DeadlineAware(Policy):
         reserve = self.reserve(job, obs)
         if obs.spot_available:
             back = reserve + p.return_margin * d
-            if obs.capacity is Capacity.ON_DEMAND and (slack < back or obs.spot_age_s < p.settle_s):
+            near_end = job.work_s - obs.done_s < p.finish_changeovers * d
+            if obs.capacity is Capacity.ON_DEMAND and (slack < back or obs.spot_age_s < p.settle_s or near_end):
                 return Decision(Capacity.ON_DEMAND, "da_keep_od", (slack / HOUR, reserve / HOUR))
             return Decision(Capacity.SPOT, "spot_up")
         if obs.capacity is Capacity.ON_DEMAND:

@@ -26,7 +26,8 @@ STARTUP_GRACE_S = 15.0
 class LocalBackend:
     """Run attempts here, against a spot market replayed from a trace.
 
-    :param trace: trace file for the market (default: a bundled us-west-2a V100 window).
+    :param trace: trace file for the market, or ``bundled:<name>`` for a sample shipped with the
+        package (default: a bundled us-west-2a V100 window).
     :param polarity: what 1 means in a 0/1 JSON trace.
     :param time_scale: trace seconds per wall second (3600 = one trace hour per second). Every
         duration the ledger reports is in market time (wall time x ``time_scale``).
@@ -55,11 +56,13 @@ class LocalBackend:
 
     # -- configuration ----------------------------------------------------------------------
     def trace_path(self) -> str:
-        if self.trace:
-            return self.trace
-        from airflow_spot.simulate.traces import bundled
+        """The market's trace file; ``bundled:<name>`` names a sample shipped with the package."""
+        name = self.trace or f"bundled:{DEFAULT_TRACE}"
+        if name.startswith("bundled:"):
+            from importlib.resources import files
 
-        return str(bundled(DEFAULT_TRACE))
+            return str(files("airflow_spot") / "data" / "traces" / name.removeprefix("bundled:"))
+        return name
 
     def market_spec(self, epoch: float) -> MarketSpec:
         return MarketSpec(self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset)
