@@ -56,6 +56,7 @@ class JobState:
     last_seen: float | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     finished: dict[str, Any] | None = None
+    failed: dict[str, Any] | None = None  # why the task failed for good (error type and message)
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

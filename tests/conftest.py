@@ -13,3 +13,18 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / 
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 
 REPO = Path(__file__).resolve().parents[1]
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated SQLite metadata DB under this session's AIRFLOW_HOME (created once)."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    if not (home / "airflow.db").exists():
+        home.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+    return home

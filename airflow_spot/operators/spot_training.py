@@ -233,8 +233,9 @@ class SpotTrainingOperator(BaseOperator):
             except BackendError:
                 context["task_state_store"].set(STATE_KEY, state.to_dict())
                 raise  # retried by Airflow; the next try re-attaches to a live attempt
-            except Exception:
+            except Exception as e:
                 ctl.abandon()  # the task fails for good: stop what runs, keep the record
+                state.failed = {"error": type(e).__name__, "message": str(e)}
                 context["task_state_store"].set(STATE_KEY, state.to_dict())
                 raise
             context["task_state_store"].set(STATE_KEY, state.to_dict())
@@ -272,7 +273,8 @@ def _templated(value: Any) -> bool:
 
 
 def _h(td: timedelta) -> str:
-    return f"{td.total_seconds() / 3600:.2f} h"
+    secs = td.total_seconds()
+    return f"{secs / 3600:.2f} h" if secs >= 360 else f"{secs:g} s"
 
 
 def _parse_deadline(text: str) -> datetime | timedelta:

@@ -129,6 +129,10 @@ class LocalBackend:
         if st.terminal:
             return st
         raw = _raw(handle) or {}
+        until = time.time() + STARTUP_GRACE_S
+        while not raw.get("supervisor_pid") and time.time() < until:  # just launched: wait for it to report
+            time.sleep(0.02)
+            raw = _raw(handle) or {}
         sup = raw.get("supervisor_pid")
         if sup and _is_supervisor(sup, handle["run_dir"]):
             os.kill(sup, signal.SIGTERM)
@@ -138,6 +142,9 @@ class LocalBackend:
             if st.terminal:
                 break
             time.sleep(0.05)
+        until = time.time() + 5.0
+        while sup and _is_supervisor(sup, handle["run_dir"]) and time.time() < until:
+            time.sleep(0.05)  # let the supervisor exit after its verdict
         pgid = (_raw(handle) or {}).get("pgid")
         if pgid:
             try:

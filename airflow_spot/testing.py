@@ -1,0 +1,56 @@
+"""Fakes for tests, ours and our users': a task state store, a task instance, a context, a
+scripted spot market. No mocks: these are small working implementations."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class FileTaskStateStore:
+    """A ``task_state_store`` kept in a JSON file, so that it outlives a (killed) process."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _load(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._load().get(key, default)
+
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:  # noqa: ARG002
+        doc = self._load()
+        doc[key] = json.loads(json.dumps(value))  # JSON values only, as Airflow's store
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.path)
+
+    def delete(self, key: str) -> None:
+        doc = self._load()
+        doc.pop(key, None)
+        self.path.write_text(json.dumps(doc))
+
+
+@dataclass
+class FakeTaskInstance:
+    dag_id: str = "dag"
+    task_id: str = "train"
+    run_id: str = "run"
+    map_index: int = -1
+    try_number: int = 1
+
+
+def make_context(store: FileTaskStateStore, **ti: Any) -> dict[str, Any]:
+    """The parts of an Airflow context the operator reads."""
+    return {"task_state_store": store, "ti": FakeTaskInstance(**ti)}
+
+
+def scripted_trace(path: str | Path, pattern: list[tuple[bool, int]], gap_s: int = 600) -> Path:
+    """Write a market trace (availability polarity) from ``[(spot_up, ticks), ...]``."""
+    data = [1 if up else 0 for up, n in pattern for _ in range(n)]
+    p = Path(path)
+    p.write_text(json.dumps({"metadata": {"gap_seconds": gap_s, "note": "scripted test market"}, "data": data}))
+    return p

@@ -1,0 +1,57 @@
+"""DAGs the operator tests run with dag.test(); each reads its set-up from the environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+
+from airflow.sdk import DAG
+
+from airflow_spot.backends.local import LocalBackend
+from airflow_spot.operators import SpotTrainingOperator
+
+ROOT = os.environ.get("SPOT_TEST_DIR", "/tmp/airflow-spot-test")
+TRACE = os.environ.get("SPOT_TEST_TRACE", "bundled:cant-be-late/us-west-2a_v100_1/8.json")
+STEPS = int(os.environ.get("SPOT_TEST_STEPS", "200"))
+SCALE = float(os.environ.get("SPOT_TEST_SCALE", "1800"))
+START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _train(steps: int) -> list[str]:
+    return [sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", str(steps),
+            "--step-seconds", "0.05", "--save-every", "5", "--seed", "7"]
+
+
+with DAG("spot_test_preemptions", schedule=None, start_date=START, catchup=False) as preemptions_dag:
+    SpotTrainingOperator(
+        task_id="train",
+        command=_train(STEPS),
+        checkpoint_uri=ROOT + "/ckpt/{{ run_id | replace(':', '_') | replace('+', '_') }}",
+        expected_compute=timedelta(seconds=STEPS * 0.05),
+        total_steps=STEPS,
+        deadline=timedelta(seconds=float(os.environ.get("SPOT_TEST_DEADLINE_S", "17"))),
+        changeover=timedelta(seconds=0.1),
+        policy=os.environ.get("SPOT_TEST_POLICY", "deadline_aware"),
+        max_failures=0,
+        backend=LocalBackend(trace=TRACE, polarity="available", time_scale=SCALE, work_dir=ROOT + "/runs",
+                             notice_s=0.1, grace_s=2.0),
+        decision_interval=timedelta(seconds=0.5),
+        poll_interval=0.05,
+    )
+
+with DAG("spot_test_failures", schedule=None, start_date=START, catchup=False) as failures_dag:
+    SpotTrainingOperator(
+        task_id="train",
+        command=[sys.executable, "-c", "import sys; print('boom: bad hyper-parameter'); sys.exit(3)"],
+        checkpoint_uri=ROOT + "/ckpt-fail",
+        expected_compute=timedelta(seconds=5),
+        total_steps=10,
+        deadline=timedelta(seconds=60),
+        changeover=timedelta(seconds=0.1),
+        max_failures=1,
+        max_preemptions=5,
+        backend=LocalBackend(trace=TRACE, polarity="available", time_scale=3600.0, work_dir=ROOT + "/runs"),
+        decision_interval=timedelta(seconds=0.5),
+        poll_interval=0.05,
+    )

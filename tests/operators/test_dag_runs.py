@@ -1,0 +1,90 @@
+"""Whole DAG runs under dag.test(): preemptions, resume, fallback, failures, budgets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.testing import scripted_trace
+
+pytestmark = pytest.mark.usefixtures("airflow_db")
+
+# spot up 1.5 h, down 10 min, three times; up 1 h; then down 5 h (forces on-demand); then up.
+# At 1800 trace seconds per second the job is 5 market hours of compute with an 8.5 h deadline.
+MARKET = [(True, 9), (False, 1), (True, 9), (False, 1), (True, 9), (False, 1), (True, 6), (False, 30), (True, 200)]
+
+
+def _state(dag_id: str, run_id: str) -> dict:
+    from sqlalchemy import select
+
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+
+    with create_session() as s:
+        row = s.scalars(select(TaskStateStoreModel).where(TaskStateStoreModel.dag_id == dag_id,
+                                                          TaskStateStoreModel.run_id == run_id)).first()
+        return json.loads(row.value)
+
+
+def _run(monkeypatch, tmp_path: Path, dag_name: str, **env: str):
+    monkeypatch.setenv("SPOT_TEST_DIR", str(tmp_path))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    import importlib
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "dags"))
+    try:
+        mod = importlib.import_module("spot_test_dags")
+        mod = importlib.reload(mod)
+    finally:
+        sys.path.pop(0)
+    dag = getattr(mod, dag_name)
+    return dag, dag.test()
+
+
+def test_preemptions_resume_and_fallback_meet_the_deadline(monkeypatch, tmp_path: Path) -> None:
+    """>= 3 preemptions and a deadline tight enough to force on-demand: done on time, and the
+    final model is bit-identical to an uninterrupted run with the same seed."""
+    trace = scripted_trace(tmp_path / "market.json", MARKET)
+    dag, dr = _run(monkeypatch, tmp_path, "preemptions_dag", SPOT_TEST_TRACE=str(trace), SPOT_TEST_DEADLINE_S="17",
+                   SPOT_TEST_POLICY="greedy")
+    assert dr.state == "success"
+    st = _state(dag.dag_id, dr.run_id)
+    summary = st["finished"]
+    assert summary["deadline_met"] is True
+    assert summary["preemptions"] >= 3
+    caps = [a["capacity"] for a in summary["attempts"]]
+    assert "on_demand" in caps and caps[0] == "spot"
+    assert summary["attempts"][-1]["outcome"] == "succeeded"
+    assert summary["failures"] == 0
+    assert 0 < summary["cost"] < summary["on_demand_cost"]
+    # the same model as an uninterrupted run
+    ref = tmp_path / "reference-ckpt"
+    subprocess.run([sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", "200", "--save-every", "5",
+                    "--seed", "7", "--checkpoint-uri", str(ref)], check=True, capture_output=True)
+    final = Path(summary["final_checkpoint"]["uri"]) / "weights.npy"
+    assert final.read_bytes() == (ref / "ckpt-000000000200" / "weights.npy").read_bytes()
+    # nothing left running
+    out = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True).stdout
+    assert out.strip() == ""
+
+
+def test_application_failures_spend_only_the_failure_budget(monkeypatch, tmp_path: Path) -> None:
+    """A command that exits 3 on healthy capacity fails twice (max_failures=1): the task fails
+    naming the failure budget; no preemption is counted."""
+    trace = scripted_trace(tmp_path / "market.json", [(True, 1000)])
+    dag, dr = _run(monkeypatch, tmp_path, "failures_dag", SPOT_TEST_TRACE=str(trace))
+    assert dr.state == "failed"
+    st = _state(dag.dag_id, dr.run_id)
+    assert st["failures"] == 2
+    assert st["preemptions"] == 0
+    assert st["failed"]["error"] == "FailureBudgetExhausted"
+    assert "exceed max_failures=1" in st["failed"]["message"]
+    assert all(a["outcome"] == "app_failure" for a in st["attempts"])
+    assert "exited 3" in st["attempts"][0]["reason"]
+    assert os.path.exists(st["attempts"][0]["handle"]["run_dir"])
