@@ -42,7 +42,7 @@ class SpotPollingTrigger(BaseTrigger):
             import time
 
             self.log.exception("Watching failed; waking the operator to decide.")
-            yield TriggerEvent(SpotEvent(EventKind.ERROR, time.time(), message=repr(e)).to_payload())
+            yield TriggerEvent(SpotEvent(EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}").to_payload())
 
 
 class LocalAttemptTrigger(SpotPollingTrigger):

@@ -1,0 +1,172 @@
+"""Checkpoints: complete only once the manifest is written, corrupt or torn ones never loaded,
+retention, keys confined to the prefix, and a SIGKILL during a save."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.checkpoint import Checkpoints, LocalStore, open_store
+from airflow_spot.checkpoint.training import TrainingSession
+from airflow_spot.exceptions import CheckpointError, ConfigError
+
+
+def _ckpts(tmp_path: Path, keep: int = 3) -> Checkpoints:
+    return Checkpoints(LocalStore(tmp_path / "c"), keep=keep)
+
+
+def test_save_then_latest_valid_returns_it(tmp_path: Path) -> None:
+    """A saved checkpoint comes back with its step, total, metrics and exact bytes."""
+    c = _ckpts(tmp_path)
+    c.save(10, {"w.npy": b"abc"}, now=1.0, total_steps=100, metrics={"loss": 0.5})
+    m = c.latest_valid()
+    assert (m.step, m.total_steps, m.metrics, m.created) == (10, 100, {"loss": 0.5}, 1.0)
+    assert c.load(m) == {"w.npy": b"abc"}
+    assert m.files["w.npy"].size == 3
+
+
+def test_data_without_manifest_is_not_a_checkpoint(tmp_path: Path) -> None:
+    """Files written without their manifest (a save cut short) are invisible."""
+    c = _ckpts(tmp_path)
+    c.save(10, {"w": b"1"}, now=1)
+    c.store.put("ckpt-000000000020/w", b"half")
+    assert c.latest_valid().step == 10
+
+
+def test_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path: Path, caplog) -> None:
+    """A checkpoint whose file no longer matches its sha256 is skipped, the previous one returned."""
+    c = _ckpts(tmp_path)
+    c.save(10, {"w": b"good"}, now=1)
+    c.save(20, {"w": b"good2"}, now=2)
+    (tmp_path / "c" / "ckpt-000000000020" / "w").write_bytes(b"bad!!")
+    with caplog.at_level(logging.WARNING):
+        assert c.latest_valid().step == 10
+    assert "Skipping checkpoint ckpt-000000000020" in caplog.text
+
+
+def test_torn_manifest_and_missing_file_are_skipped(tmp_path: Path) -> None:
+    """An unreadable manifest or a missing data file never makes a checkpoint valid."""
+    c = _ckpts(tmp_path, keep=5)
+    c.save(10, {"w": b"a"}, now=1)
+    c.save(20, {"w": b"b"}, now=2)
+    c.save(30, {"w": b"c"}, now=3)
+    (tmp_path / "c" / "ckpt-000000000030" / "MANIFEST.json").write_text('{"step": 30, "fil')
+    (tmp_path / "c" / "ckpt-000000000020" / "w").unlink()
+    assert c.latest_valid().step == 10
+
+
+def test_retention_keeps_the_last_k(tmp_path: Path) -> None:
+    """Only the newest ``keep`` checkpoints remain, data included."""
+    c = _ckpts(tmp_path, keep=2)
+    for step in (5, 10, 15, 20):
+        c.save(step, {"w": str(step).encode()}, now=step)
+    assert c.manifests() == ["ckpt-000000000020", "ckpt-000000000015"]
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["ckpt-000000000015", "ckpt-000000000020"]
+
+
+@pytest.mark.parametrize("name", ["../escape", "/etc/passwd", "a/../../b", "", "a//b", "weird name"])
+def test_keys_never_escape_the_prefix(tmp_path: Path, name: str) -> None:
+    """A file name with '..', an absolute path or odd characters is refused on save."""
+    with pytest.raises(CheckpointError, match="unsafe checkpoint key"):
+        _ckpts(tmp_path).save(1, {name: b"x"}, now=0)
+
+
+def test_manifest_naming_a_path_outside_is_rejected(tmp_path: Path) -> None:
+    """A manifest that names '../../secret' is never followed."""
+    c = _ckpts(tmp_path)
+    c.save(1, {"w": b"x"}, now=0)
+    doc = json.loads((tmp_path / "c" / "ckpt-000000000001" / "MANIFEST.json").read_text())
+    doc["files"] = {"../../secret": doc["files"]["w"]}
+    (tmp_path / "c" / "ckpt-000000000001" / "MANIFEST.json").write_text(json.dumps(doc))
+    assert c.latest_valid() is None
+
+
+@pytest.mark.parametrize(("uri", "kind"), [("/tmp/x", LocalStore), ("file:///tmp/x", LocalStore)])
+def test_open_store_by_uri(uri: str, kind: type) -> None:
+    """Paths and file:// URIs open a local store."""
+    assert isinstance(open_store(uri), kind)
+
+
+def test_malformed_uri_names_the_field() -> None:
+    """A malformed URI raises ConfigError naming checkpoint_uri."""
+    with pytest.raises(ConfigError, match="checkpoint_uri: 'file://host/x'"):
+        open_store("file://host/x")
+
+
+SLOW_SAVE = """
+import sys, time
+from airflow_spot.checkpoint import Checkpoints, LocalStore
+class Slow(LocalStore):
+    def put(self, key, data):
+        super().put(key, data)
+        if key.endswith("/w2"):
+            print("mid-save", flush=True)
+            time.sleep(30)
+c = Checkpoints(Slow(sys.argv[1]))
+c.save(10, {"w1": b"a", "w2": b"b"}, now=1)
+c.save(20, {"w1": b"c", "w2": b"d"}, now=2)
+"""
+
+
+def test_sigkill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
+    """A process SIGKILLed in the middle of writing checkpoint 20 leaves checkpoint 10 as the one to resume from."""
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(tmp_path / "c")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "mid-save"  # first save (10) sleeps after w2 too
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    c = _ckpts(tmp_path)
+    assert c.latest_valid() is None or c.latest_valid().step < 20
+    # run again: 10 completes, 20 is cut in the middle
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE.replace('key.endswith("/w2")', 'key == "ckpt-000000000020/w2"'),
+                             str(tmp_path / "c")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "mid-save"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    session = TrainingSession(str(tmp_path / "c"), total_steps=100)
+    step, files = session.resume()
+    assert step == 10 and files == {"w1": b"a", "w2": b"b"}
+
+
+def test_training_session_saves_on_sigterm_and_exits(tmp_path: Path) -> None:
+    """SIGTERM in the middle of a loop: the next step_done saves at once and exits 143."""
+    code = textwrap.dedent(f"""
+        import time
+        from airflow_spot.checkpoint.training import TrainingSession
+        s = TrainingSession({str(tmp_path / 'c')!r}, total_steps=10_000, save_every=1000,
+                            progress_file={str(tmp_path / 'p.json')!r})
+        s.install_signal_handler()
+        for step in range(10_000):
+            time.sleep(0.01)
+            s.step_done(step + 1, lambda: {{"w": str(step).encode()}})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    until = time.time() + 20
+    while not (tmp_path / "p.json").exists() and time.time() < until:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 143
+    m = Checkpoints(LocalStore(tmp_path / "c")).latest_valid()
+    assert m is not None and 0 < m.step < 1000  # saved off-schedule, on the signal
+    assert json.loads((tmp_path / "p.json").read_text())["checkpoint_step"] == m.step
+
+
+def test_notice_file_triggers_a_save(tmp_path: Path) -> None:
+    """The backend's notice file makes the next step save and exit."""
+    notice = tmp_path / "NOTICE"
+    s = TrainingSession(str(tmp_path / "c"), total_steps=100, save_every=50, notice_file=str(notice))
+    assert s.step_done(3, lambda: {"w": b"3"}) is None
+    notice.write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        s.step_done(4, lambda: {"w": b"4"})
+    assert e.value.code == 143
+    assert s.checkpoints.latest_valid().step == 4
