@@ -27,4 +27,13 @@ def get_provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
+        "operators": [
+            {
+                "integration-name": "Spot training",
+                "python-modules": ["airflow_spot.operators.spot_training"],
+            }
+        ],
+        "triggers": [
+            {"integration-name": "Spot training", "python-modules": ["airflow_spot.triggers.local"]}
+        ],
     }

@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="replay policies on spot traces and compare their cost")
     sim.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR")
-    sim.add_argument("--polarity", choices=["available", "unavailable"], help="what 1 means in JSON 0/1 traces")
+    sim.add_argument(
+        "--polarity", choices=["available", "unavailable"], help="what 1 means in JSON 0/1 traces"
+    )
     sim.add_argument("--nodes", type=int, help="cluster size for instance-count traces")
     sim.add_argument("--gap", type=_hours_arg("--gap"), help="resample to this tick (e.g. 600s)")
     sim.add_argument("--work", type=_hours_arg("--work"), default=48.0)
@@ -49,13 +51,25 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--changeover", type=_hours_arg("--changeover"), action="append")
     sim.add_argument("--spot-price", type=float, default=0.9731)
     sim.add_argument("--on-demand-price", type=float, default=3.06)
-    sim.add_argument("--trace-prices", action="store_true", help="bill spot at the trace's own prices")
-    sim.add_argument("--policy", action="append", help="repeat; default: greedy, uniform_progress, deadline_aware, omniscient")
-    sim.add_argument("--window", type=_hours_arg("--window"), help="cut each trace into random windows this long")
-    sim.add_argument("--windows", type=int, default=300, help="how many random windows per trace (with --window)")
+    sim.add_argument(
+        "--trace-prices", action="store_true", help="bill spot at the trace's own prices"
+    )
+    sim.add_argument(
+        "--policy",
+        action="append",
+        help="repeat; default: greedy, uniform_progress, deadline_aware, omniscient",
+    )
+    sim.add_argument(
+        "--window", type=_hours_arg("--window"), help="cut each trace into random windows this long"
+    )
+    sim.add_argument(
+        "--windows", type=int, default=300, help="how many random windows per trace (with --window)"
+    )
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--workers", type=int)
-    sim.add_argument("--json", type=Path, help="write one row per trace, policy, deadline and changeover")
+    sim.add_argument(
+        "--json", type=Path, help="write one row per trace, policy, deadline and changeover"
+    )
     sim.add_argument("--plot", type=Path, help="draw mean cost per policy per deadline (PNG)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap
@@ -79,10 +93,17 @@ def _simulate(args: argparse.Namespace) -> int:
 
     traces = load_traces(args.traces, polarity=args.polarity, nodes=args.nodes)
     if args.gap:
-        traces = [t.resample(args.gap * 3600) if abs(t.gap_s - args.gap * 3600) > 1e-9 else t for t in traces]
+        traces = [
+            t.resample(args.gap * 3600) if abs(t.gap_s - args.gap * 3600) > 1e-9 else t
+            for t in traces
+        ]
     if args.window:
         length = int(round(args.window * 3600 / traces[0].gap_s))
-        traces = [w for i, t in enumerate(traces) for w in random_windows(t, args.windows, length, args.seed + i)]
+        traces = [
+            w
+            for i, t in enumerate(traces)
+            for w in random_windows(t, args.windows, length, args.seed + i)
+        ]
     policies = args.policy or ["greedy", "uniform_progress", "deadline_aware", "omniscient"]
     settings = [
         Setting(args.work, dl, co, args.spot_price, args.on_demand_price)
@@ -93,10 +114,19 @@ def _simulate(args: argparse.Namespace) -> int:
         s.job(traces[0].gap_s)  # validate every job before the sweep starts
     t0 = time.perf_counter()
     progress = None if args.quiet or not sys.stderr.isatty() else _progress_bar
-    rows = sweep(traces, policies, settings, use_trace_prices=args.trace_prices, workers=args.workers, progress=progress)
+    rows = sweep(
+        traces,
+        policies,
+        settings,
+        use_trace_prices=args.trace_prices,
+        workers=args.workers,
+        progress=progress,
+    )
     elapsed = time.perf_counter() - t0
     print(format_table(summarise(rows)))
-    print(f"{len(traces)} traces x {len(policies)} policies x {len(settings)} settings in {elapsed:.1f} s")
+    print(
+        f"{len(traces)} traces x {len(policies)} policies x {len(settings)} settings in {elapsed:.1f} s"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=None))
         print(f"wrote {len(rows)} rows to {args.json}")

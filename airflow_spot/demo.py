@@ -24,13 +24,20 @@ def _setup(root: Path, dags: Path) -> None:
     if not (root / "airflow_home" / "airflow.db").exists():
         (root / "airflow_home").mkdir(parents=True, exist_ok=True)
         print("Creating the Airflow metadata DB (SQLite) under", root / "airflow_home", flush=True)
-        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 def _run_dag(dags: Path, log_path: Path) -> tuple[str, str]:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("spot_training_demo", dags / "spot_training_demo.py")
+    spec = importlib.util.spec_from_file_location(
+        "spot_training_demo", dags / "spot_training_demo.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -50,26 +57,36 @@ def _run_dag(dags: Path, log_path: Path) -> tuple[str, str]:
 
 
 def _summary(run_id: str) -> dict:
-    from sqlalchemy import select
-
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as s:
-        row = s.scalars(select(XComModel).where(XComModel.dag_id == "spot_training_demo", XComModel.run_id == run_id,
-                                                XComModel.task_id == "train", XComModel.key == "return_value")).first()
+        row = s.scalars(
+            select(XComModel).where(
+                XComModel.dag_id == "spot_training_demo",
+                XComModel.run_id == run_id,
+                XComModel.task_id == "train",
+                XComModel.key == "return_value",
+            )
+        ).first()
         if row is None:
             raise SystemExit("the demo run returned no summary; see .demo/dag_test.log")
         return XComModel.deserialize_value(row)
 
 
 def format_report(s: dict) -> str:
-    lines = ["", "Attempts (market hours since the job started):",
-             f"  {'#':>2} {'capacity':<10} {'launched':>8} {'started':>8} {'ended':>8} {'steps':>11}  outcome"]
+    lines = [
+        "",
+        "Attempts (market hours since the job started):",
+        f"  {'#':>2} {'capacity':<10} {'launched':>8} {'started':>8} {'ended':>8} {'steps':>11}  outcome",
+    ]
     for a in s["attempts"]:
         start = "-" if a["start_h"] is None else f"{a['start_h']:.2f}"
-        lines.append(f"  {a['attempt']:>2} {a['capacity']:<10} {a['launched_h']:>8.2f} {start:>8} {a['end_h']:>8.2f} "
-                     f"{a['step_start']:>5}->{a['step_end'] or a['step_start']:<5}  {a['outcome']}: {a['reason']}")
+        lines.append(
+            f"  {a['attempt']:>2} {a['capacity']:<10} {a['launched_h']:>8.2f} {start:>8} {a['end_h']:>8.2f} "
+            f"{a['step_start']:>5}->{a['step_end'] or a['step_start']:<5}  {a['outcome']}: {a['reason']}"
+        )
     acc = (s.get("final_checkpoint") or {}).get("metrics", {}).get("accuracy")
     lines += [
         "",
@@ -98,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{dags}/spot_training_demo.py not found; run from the repository root")
     t0 = time.time()
     _setup(root, dags)
-    print("Running dags/spot_training_demo.py with dag.test() (Airflow log: .demo/dag_test.log) ...", flush=True)
+    print(
+        "Running dags/spot_training_demo.py with dag.test() (Airflow log: .demo/dag_test.log) ...",
+        flush=True,
+    )
     state, run_id = _run_dag(dags, root / "dag_test.log")
     summary = _summary(run_id)
     (root / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -92,11 +92,24 @@ class JobState:
         self.last_seen = wall
 
     def spot_age_s(self, wall: float) -> float:
-        return 0.0 if self.spot_last_change is None else (wall - self.spot_last_change) * self.time_scale
+        return (
+            0.0
+            if self.spot_last_change is None
+            else (wall - self.spot_last_change) * self.time_scale
+        )
 
-    def record_decision(self, wall: float, capacity: str, reason: str, done_steps: int | None) -> None:
-        self.decisions.append({"at": wall, "market_h": round(self.market_s(wall) / 3600, 4), "capacity": capacity,
-                               "reason": reason, "step": done_steps})
+    def record_decision(
+        self, wall: float, capacity: str, reason: str, done_steps: int | None
+    ) -> None:
+        self.decisions.append(
+            {
+                "at": wall,
+                "market_h": round(self.market_s(wall) / 3600, 4),
+                "capacity": capacity,
+                "reason": reason,
+                "step": done_steps,
+            }
+        )
         del self.decisions[:-MAX_DECISIONS]
 
     # -- measurement ------------------------------------------------------------------------
@@ -104,19 +117,34 @@ class JobState:
         """(steps, market seconds) of steady-state training seen across attempts."""
         steps, secs = 0, 0.0
         for a in self.attempts:
-            if a.first_step is not None and a.step_end is not None and a.last_step_at and a.first_step_at:
+            if (
+                a.first_step is not None
+                and a.step_end is not None
+                and a.last_step_at
+                and a.first_step_at
+            ):
                 steps += max(0, a.step_end - a.first_step)
                 secs += max(0.0, (a.last_step_at - a.first_step_at) * self.time_scale)
         return steps, secs
 
     def measured_changeover_s(self, seconds_per_step: float) -> float | None:
         """Mean market seconds from capacity granted to the first step done, less one step."""
-        vals = [max(0.0, self.market_s(a.first_step_at) - self.market_s(a.launch_began_at or a.launched_at) - seconds_per_step)
-                for a in self.attempts if a.first_step_at is not None]
+        vals = [
+            max(
+                0.0,
+                self.market_s(a.first_step_at)
+                - self.market_s(a.launch_began_at or a.launched_at)
+                - seconds_per_step,
+            )
+            for a in self.attempts
+            if a.first_step_at is not None
+        ]
         return sum(vals) / len(vals) if vals else None
 
     # -- the ledger -------------------------------------------------------------------------
-    def ledger(self, now: float, seconds_per_step: float, on_demand_price: float, work_s: float) -> Ledger:
+    def ledger(
+        self, now: float, seconds_per_step: float, on_demand_price: float, work_s: float
+    ) -> Ledger:
         """Segments of the job so far: idle gaps, waits, changeovers and runs of each attempt."""
         led = Ledger(work_s, self.deadline_s, on_demand_price)
         cursor = 0.0
@@ -130,17 +158,55 @@ class JobState:
             if t_launch > cursor:
                 led.add(Segment(Capacity.NONE, Phase.IDLE, cursor, t_launch, p0, p0))
             if t_grant > t_launch:
-                led.add(Segment(Capacity.NONE, Phase.IDLE, t_launch, min(t_grant, t_end), p0, p0, attempt=a.attempt))
+                led.add(
+                    Segment(
+                        Capacity.NONE,
+                        Phase.IDLE,
+                        t_launch,
+                        min(t_grant, t_end),
+                        p0,
+                        p0,
+                        attempt=a.attempt,
+                    )
+                )
             launch_end = t_end if t_start is None else t_start
             ended = a.outcome or ""
             if launch_end > t_grant:
-                led.add(Segment(cap, Phase.LAUNCHING, t_grant, launch_end, p0, p0, a.price, attempt=a.attempt,
-                                ended_by=ended if t_start is None else ""))
+                led.add(
+                    Segment(
+                        cap,
+                        Phase.LAUNCHING,
+                        t_grant,
+                        launch_end,
+                        p0,
+                        p0,
+                        a.price,
+                        attempt=a.attempt,
+                        ended_by=ended if t_start is None else "",
+                    )
+                )
             if t_start is not None:
                 step_end = a.step_end if a.step_end is not None else a.step_start
                 kept = a.ckpt_step_end if a.ckpt_step_end is not None else step_end
-                lost = max(0, step_end - kept) * seconds_per_step if a.outcome in ("preempted", "cancelled", "infra_disruption", "app_failure", "oom_killed") else 0.0
-                led.add(Segment(cap, Phase.RUNNING, t_start, t_end, p0, step_end * seconds_per_step, a.price,
-                                attempt=a.attempt, ended_by=ended, lost_s=lost))
+                lost = (
+                    max(0, step_end - kept) * seconds_per_step
+                    if a.outcome
+                    in ("preempted", "cancelled", "infra_disruption", "app_failure", "oom_killed")
+                    else 0.0
+                )
+                led.add(
+                    Segment(
+                        cap,
+                        Phase.RUNNING,
+                        t_start,
+                        t_end,
+                        p0,
+                        step_end * seconds_per_step,
+                        a.price,
+                        attempt=a.attempt,
+                        ended_by=ended,
+                        lost_s=lost,
+                    )
+                )
             cursor = max(cursor, t_end)
         return led

@@ -52,5 +52,9 @@ def scripted_trace(path: str | Path, pattern: list[tuple[bool, int]], gap_s: int
     """Write a market trace (availability polarity) from ``[(spot_up, ticks), ...]``."""
     data = [1 if up else 0 for up, n in pattern for _ in range(n)]
     p = Path(path)
-    p.write_text(json.dumps({"metadata": {"gap_seconds": gap_s, "note": "scripted test market"}, "data": data}))
+    p.write_text(
+        json.dumps(
+            {"metadata": {"gap_seconds": gap_s, "note": "scripted test market"}, "data": data}
+        )
+    )
     return p

@@ -16,7 +16,9 @@ from pathlib import Path
 from airflow_spot.simulate.sweep import Setting, random_windows
 from airflow_spot.simulate.traces import Trace, load_trace, load_traces
 
-ROOT = Path(os.environ.get("SPOT_TRACES", Path(__file__).resolve().parents[1].parent / "shared" / "traces"))
+ROOT = Path(
+    os.environ.get("SPOT_TRACES", Path(__file__).resolve().parents[1].parent / "shared" / "traces")
+)
 PAPER_ENVS = ["us-west-2a_k80_1", "us-west-2a_k80_8", "us-west-2a_v100_1", "us-west-2a_v100_8"]
 GRID_DEADLINES = (52, 56, 60, 64, 70, 80)
 GRID_CHANGEOVERS = (0.05, 0.2, 0.4)
@@ -46,7 +48,9 @@ def family_windows(family: str, per_zone: int = 300, seed: int = 0) -> list[Trac
         return paper_windows(per_zone)
     else:
         raise ValueError(f"unknown family {family!r}")
-    return [w for i, t in enumerate(traces) for w in random_windows(t, per_zone, WINDOW_TICKS, seed + i)]
+    return [
+        w for i, t in enumerate(traces) for w in random_windows(t, per_zone, WINDOW_TICKS, seed + i)
+    ]
 
 
 def _aws(path: Path) -> Trace:

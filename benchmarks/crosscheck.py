@@ -25,7 +25,10 @@ COLUMNS = {"greedy": "greedy_cost", "uniform_progress": "up_cost", OMNISCIENT: "
 
 def load_reference(path: Path) -> dict[tuple, dict]:
     with path.open() as fh:
-        return {(r["env"], r["idx"], float(r["deadline_h"]), float(r["overhead_h"])): r for r in csv.DictReader(fh)}
+        return {
+            (r["env"], r["idx"], float(r["deadline_h"]), float(r["overhead_h"])): r
+            for r in csv.DictReader(fh)
+        }
 
 
 def check(rows: list[dict], ref: dict[tuple, dict]) -> dict[tuple, list]:
@@ -52,7 +55,12 @@ def main() -> None:
     settings = sorted({(k[2], k[3]) for k in ref})
     traces = paper_windows(args.per_env)
     t0 = time.time()
-    rows = sweep(traces, list(COLUMNS), [Setting(48.0, dl, co, 0.9731, 3.06) for dl, co in settings], workers=args.workers)
+    rows = sweep(
+        traces,
+        list(COLUMNS),
+        [Setting(48.0, dl, co, 0.9731, 3.06) for dl, co in settings],
+        workers=args.workers,
+    )
     res = check(rows, ref)
     worst = 1.0
     print(f"{len(traces)} windows of {', '.join(PAPER_ENVS)}")
@@ -60,9 +68,14 @@ def main() -> None:
     for dl, co in settings:
         cells = [res[(p, dl, co)] for p in COLUMNS]
         worst = min([worst] + [c[0] / c[1] for c in cells])
-        print(f"{dl:>7g}h {co:>9g}h " + " ".join(f"{c[0]:>8}/{c[1]:<4} {100 * c[0] / c[1]:5.1f}%" for c in cells))
+        print(
+            f"{dl:>7g}h {co:>9g}h "
+            + " ".join(f"{c[0]:>8}/{c[1]:<4} {100 * c[0] / c[1]:5.1f}%" for c in cells)
+        )
     mism = [(k, m) for k, c in res.items() for m in c[2]]
-    print(f"\nworst share matched in any setting: {100 * worst:.2f}%   mismatches: {len(mism)}   ({time.time() - t0:.0f} s)")
+    print(
+        f"\nworst share matched in any setting: {100 * worst:.2f}%   mismatches: {len(mism)}   ({time.time() - t0:.0f} s)"
+    )
     for k, m in mism[:20]:
         print("  ", k, m)
     sys.exit(0 if worst >= 0.99 else 1)

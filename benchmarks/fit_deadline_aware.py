@@ -51,13 +51,18 @@ def main() -> None:
     traces = [w for f in args.families for w in family_windows(f, args.per_zone, seed=1)]
     cells = grid()
     cands: list[Params | None] = [None] + [
-        Params(f, fl, rm) for f, fl, rm in itertools.product((0.3, 0.45, 0.6, 0.8, 1.0), (0.5, 1.0, 2.0), (0.5, 1.0))
+        Params(f, fl, rm)
+        for f, fl, rm in itertools.product((0.3, 0.45, 0.6, 0.8, 1.0), (0.5, 1.0, 2.0), (0.5, 1.0))
     ]
     t0 = time.time()
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(traces,)) as pool:
-        res = np.array(list(pool.map(_cell, [(c, s) for c in cands for s in cells]))).reshape(len(cands), len(cells))
+        res = np.array(list(pool.map(_cell, [(c, s) for c in cands for s in cells]))).reshape(
+            len(cands), len(cells)
+        )
     rel = res[1:] / res[0] - 1
-    print(f"{len(traces)} windows of {args.families}, {len(cells)} cells, {len(cands) - 1} candidates, {time.time() - t0:.0f} s")
+    print(
+        f"{len(traces)} windows of {args.families}, {len(cells)} cells, {len(cands) - 1} candidates, {time.time() - t0:.0f} s"
+    )
     print(f"{'mean vs UP':>10} {'worst cell':>10}  params")
     for i in np.argsort(rel.mean(axis=1)):
         print(f"{100 * rel[i].mean():9.2f}% {100 * rel[i].max():9.2f}%  {cands[i + 1]}")

@@ -29,7 +29,10 @@ POLICIES = ["greedy", "uniform_progress", "last_attempt_on_demand", "deadline_aw
 def per_decision_us(name: str, n: int = 200_000) -> float:
     policy = get_policy(name)
     job = JobSpec(48 * 3600, 60 * 3600, 720)
-    obs = [Observation(i * 60.0, i * 50.0, Capacity.NONE, i % 3 != 0, 0.0, 0, 600.0, i * 5.0) for i in range(2000)]
+    obs = [
+        Observation(i * 60.0, i * 50.0, Capacity.NONE, i % 3 != 0, 0.0, 0, 600.0, i * 5.0)
+        for i in range(2000)
+    ]
     t0 = time.perf_counter()
     for i in range(n):
         policy.decide(job, obs[i % 2000])
@@ -59,15 +62,26 @@ def main() -> None:
             gap = "" if p == OMNISCIENT else f"[{100 * r['gap_to_omniscient']:5.1f}%]"
             parts.append(f"{r['normalized_cost']:.4f} {gap:>8} {r['misses']:>3}")
         print(f"{dl:>4g}h/{co:<4g}h " + " ".join(f"{x:>24}" for x in parts))
-    rel = np.array([by[("deadline_aware", dl, co)]["mean_cost"] / by[("uniform_progress", dl, co)]["mean_cost"] - 1 for dl, co in cells])
+    rel = np.array(
+        [
+            by[("deadline_aware", dl, co)]["mean_cost"]
+            / by[("uniform_progress", dl, co)]["mean_cost"]
+            - 1
+            for dl, co in cells
+        ]
+    )
     gap_up = np.array([by[("uniform_progress", dl, co)]["gap_to_omniscient"] for dl, co in cells])
     gap_da = np.array([by[("deadline_aware", dl, co)]["gap_to_omniscient"] for dl, co in cells])
     closed = 1 - gap_da / gap_up
     misses = sum(by[(p, dl, co)]["misses"] for p in POLICIES for dl, co in cells)
     print("\ndeadline_aware vs uniform_progress, per cell (mean cost ratio - 1):")
     print("  " + " ".join(f"{100 * x:+.2f}%" for x in rel))
-    print(f"  mean {100 * rel.mean():+.2f}%   worst cell {100 * rel.max():+.2f}%   best cell {100 * rel.min():+.2f}%")
-    print(f"  share of UP's gap to omniscient closed: mean {100 * closed.mean():.1f}% (min {100 * closed.min():.1f}%)")
+    print(
+        f"  mean {100 * rel.mean():+.2f}%   worst cell {100 * rel.max():+.2f}%   best cell {100 * rel.min():+.2f}%"
+    )
+    print(
+        f"  share of UP's gap to omniscient closed: mean {100 * closed.mean():.1f}% (min {100 * closed.min():.1f}%)"
+    )
     print(f"  misses, all policies and cells: {misses}")
     print(f"\nsweep wall time: {wall:.1f} s on {args.workers} workers ({len(rows)} runs)")
     for p in ("greedy", "uniform_progress", "deadline_aware"):

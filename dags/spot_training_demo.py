@@ -18,7 +18,9 @@ from airflow.sdk import DAG
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.operators import SpotTrainingOperator
 
-DEMO_DIR = os.environ.get("AIRFLOW_SPOT_DEMO_DIR", os.path.join(os.environ.get("AIRFLOW_HOME", "."), "spot_demo"))
+DEMO_DIR = os.environ.get(
+    "AIRFLOW_SPOT_DEMO_DIR", os.path.join(os.environ.get("AIRFLOW_HOME", "."), "spot_demo")
+)
 STEPS = 480
 TRACE = "bundled:cant-be-late/us-west-2a_v100_1/8.json"  # AWS us-west-2a V100 (MIT), see airflow_spot/data
 
@@ -31,9 +33,21 @@ with DAG(
 ) as dag:
     SpotTrainingOperator(
         task_id="train",
-        command=[sys.executable, "-m", "airflow_spot.examples.train_logreg",
-                 "--steps", str(STEPS), "--step-seconds", "0.1", "--save-every", "5", "--seed", "0"],
-        checkpoint_uri=DEMO_DIR + "/checkpoints/{{ run_id | replace(':', '_') | replace('+', '_') }}",
+        command=[
+            sys.executable,
+            "-m",
+            "airflow_spot.examples.train_logreg",
+            "--steps",
+            str(STEPS),
+            "--step-seconds",
+            "0.1",
+            "--save-every",
+            "5",
+            "--seed",
+            "0",
+        ],
+        checkpoint_uri=DEMO_DIR
+        + "/checkpoints/{{ run_id | replace(':', '_') | replace('+', '_') }}",
         expected_compute=timedelta(seconds=48),
         total_steps=STEPS,
         deadline=timedelta(seconds=62),
@@ -42,7 +56,9 @@ with DAG(
         spot_price=0.9731,
         on_demand_price=3.06,
         max_failures=1,
-        backend=LocalBackend(trace=TRACE, time_scale=3600.0, work_dir=DEMO_DIR + "/runs", notice_s=0.2, grace_s=2.0),
+        backend=LocalBackend(
+            trace=TRACE, time_scale=3600.0, work_dir=DEMO_DIR + "/runs", notice_s=0.2, grace_s=2.0
+        ),
         decision_interval=timedelta(seconds=1),
         poll_interval=0.1,
     )

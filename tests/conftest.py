@@ -26,5 +26,7 @@ def airflow_db() -> Path:
     home = Path(os.environ["AIRFLOW_HOME"])
     if not (home / "airflow.db").exists():
         home.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True
+        )
     return home

@@ -12,9 +12,32 @@ def test_summary_figures() -> None:
     """Spot, on-demand and idle hours, cost, savings, preemptions and lost work add up."""
     led = Ledger(work_s=10 * HOUR, deadline_s=12 * HOUR, on_demand_price=3.0)
     led.add(Segment(Capacity.SPOT, Phase.LAUNCHING, 0, 0.5 * HOUR, 0, 0, 1.0))
-    led.add(Segment(Capacity.SPOT, Phase.RUNNING, 0.5 * HOUR, 6.5 * HOUR, 0, 6 * HOUR, 1.0, ended_by="preempted", lost_s=0.25 * HOUR))
+    led.add(
+        Segment(
+            Capacity.SPOT,
+            Phase.RUNNING,
+            0.5 * HOUR,
+            6.5 * HOUR,
+            0,
+            6 * HOUR,
+            1.0,
+            ended_by="preempted",
+            lost_s=0.25 * HOUR,
+        )
+    )
     led.add(Segment(Capacity.NONE, Phase.IDLE, 6.5 * HOUR, 7 * HOUR, 5.75 * HOUR, 5.75 * HOUR))
-    led.add(Segment(Capacity.ON_DEMAND, Phase.RUNNING, 7 * HOUR, 11.25 * HOUR, 5.75 * HOUR, 10 * HOUR, 3.0, ended_by="completed"))
+    led.add(
+        Segment(
+            Capacity.ON_DEMAND,
+            Phase.RUNNING,
+            7 * HOUR,
+            11.25 * HOUR,
+            5.75 * HOUR,
+            10 * HOUR,
+            3.0,
+            ended_by="completed",
+        )
+    )
     led.finished_s = 11.25 * HOUR
     s = led.summary()
     assert s["spot_hours"] == pytest.approx(6.5)

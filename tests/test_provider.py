@@ -19,7 +19,17 @@ def test_provider_info_keys() -> None:
 def test_airflow_providers_list_shows_us(tmp_path: Path) -> None:
     """`airflow providers list` in this environment lists airflow-provider-spot."""
     exe = Path(sys.executable).with_name("airflow")
-    env = {"AIRFLOW_HOME": str(tmp_path), "PATH": str(exe.parent), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
-    r = subprocess.run([str(exe), "providers", "list", "-o", "plain"], capture_output=True, text=True, env=env, timeout=120)
+    env = {
+        "AIRFLOW_HOME": str(tmp_path),
+        "PATH": str(exe.parent),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+    r = subprocess.run(
+        [str(exe), "providers", "list", "-o", "plain"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "airflow-provider-spot" in r.stdout

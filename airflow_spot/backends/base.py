@@ -23,7 +23,9 @@ class Outcome(str, Enum):
     SUCCEEDED = "succeeded"
     PREEMPTED = "preempted"  # the cloud took the spot capacity back
     SPOT_UNAVAILABLE = "spot_unavailable"  # never got spot capacity in time
-    INFRA_DISRUPTION = "infra_disruption"  # not a spot reclaim, not the application (drain, lost supervisor)
+    INFRA_DISRUPTION = (
+        "infra_disruption"  # not a spot reclaim, not the application (drain, lost supervisor)
+    )
     OOM_KILLED = "oom_killed"
     APP_FAILURE = "app_failure"  # non-zero exit on healthy capacity
     CANCELLED = "cancelled"  # we stopped it (decision or kill)

@@ -9,4 +9,13 @@ from __future__ import annotations
 from airflow_spot.checkpoint.manifest import Checkpoints, FileEntry, Manifest
 from airflow_spot.checkpoint.stores import LocalStore, S3Store, Store, open_store, validate_uri
 
-__all__ = ["Checkpoints", "FileEntry", "LocalStore", "Manifest", "S3Store", "Store", "open_store", "validate_uri"]
+__all__ = [
+    "Checkpoints",
+    "FileEntry",
+    "LocalStore",
+    "Manifest",
+    "S3Store",
+    "Store",
+    "open_store",
+    "validate_uri",
+]

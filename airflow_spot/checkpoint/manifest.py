@@ -53,7 +53,14 @@ class Manifest:
     def from_json(cls, raw: bytes) -> Manifest:
         d = json.loads(raw)
         files = {safe_key(k): FileEntry(**v) for k, v in d["files"].items()}
-        return cls(int(d["step"]), d.get("total_steps"), float(d["created"]), files, d.get("metrics", {}), d.get("extra", {}))
+        return cls(
+            int(d["step"]),
+            d.get("total_steps"),
+            float(d["created"]),
+            files,
+            d.get("metrics", {}),
+            d.get("extra", {}),
+        )
 
 
 def checkpoint_name(step: int) -> str:

@@ -20,8 +20,14 @@ _PART = re.compile(r"^[A-Za-z0-9._-]+$")
 def safe_key(key: str) -> str:
     """``key`` if it is a relative path of plain parts; raises CheckpointError otherwise."""
     parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") or not _PART.match(p) for p in parts):
-        raise CheckpointError(f"unsafe checkpoint key {key!r}: only relative paths of [A-Za-z0-9._-] parts")
+    if (
+        not key
+        or key.startswith("/")
+        or any(p in ("", ".", "..") or not _PART.match(p) for p in parts)
+    ):
+        raise CheckpointError(
+            f"unsafe checkpoint key {key!r}: only relative paths of [A-Za-z0-9._-] parts"
+        )
     return key
 
 
@@ -95,7 +101,11 @@ class S3Store:
         if self._client is None:
             import boto3
 
-            self._client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL"),
+            )
         return self._client
 
     def _key(self, key: str) -> str:
@@ -114,7 +124,9 @@ class S3Store:
     def list(self, prefix: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         out = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix):
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=base + prefix
+        ):
             out += [o["Key"][len(base) :] for o in page.get("Contents", [])]
         return sorted(out)
 
@@ -128,15 +140,21 @@ def validate_uri(uri: str, field: str = "checkpoint_uri") -> str:
         raise ConfigError(field, "must be a path, file:///path or s3://bucket/prefix")
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        if not parsed.netloc or not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", parsed.netloc):
-            raise ConfigError(field, f"{uri!r}: S3 URIs look like s3://bucket/prefix with a valid bucket name")
+        if not parsed.netloc or not re.fullmatch(
+            r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", parsed.netloc
+        ):
+            raise ConfigError(
+                field, f"{uri!r}: S3 URIs look like s3://bucket/prefix with a valid bucket name"
+            )
         if any(p in ("..", ".") for p in parsed.path.split("/")):
             raise ConfigError(field, f"{uri!r}: the prefix must not contain '.' or '..'")
     elif parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise ConfigError(field, f"{uri!r}: file URIs look like file:///absolute/path")
     elif parsed.scheme and len(parsed.scheme) > 1:
-        raise ConfigError(field, f"{uri!r}: unsupported scheme {parsed.scheme!r}; use a path, file:// or s3://")
+        raise ConfigError(
+            field, f"{uri!r}: unsupported scheme {parsed.scheme!r}; use a path, file:// or s3://"
+        )
     return uri
 
 

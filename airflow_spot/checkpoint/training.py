@@ -67,10 +67,19 @@ class TrainingSession:
         self.last_saved: int | None = None
 
     @classmethod
-    def from_env(cls, *, total_steps: int, save_every: int = 50, keep: int = 3, checkpoint_uri: str | None = None) -> TrainingSession:
+    def from_env(
+        cls,
+        *,
+        total_steps: int,
+        save_every: int = 50,
+        keep: int = 3,
+        checkpoint_uri: str | None = None,
+    ) -> TrainingSession:
         uri = checkpoint_uri or os.environ.get(ENV["checkpoint_uri"])
         if not uri:
-            raise SystemExit(f"no checkpoint location: set {ENV['checkpoint_uri']} or pass checkpoint_uri")
+            raise SystemExit(
+                f"no checkpoint location: set {ENV['checkpoint_uri']} or pass checkpoint_uri"
+            )
         session = cls(
             uri,
             total_steps=total_steps,
@@ -102,24 +111,40 @@ class TrainingSession:
         return self.stop_requested or (self.notice_file is not None and self.notice_file.exists())
 
     def step_done(
-        self, step: int, state: Callable[[], dict[str, bytes]], *, metrics: dict[str, float] | None = None
+        self,
+        step: int,
+        state: Callable[[], dict[str, bytes]],
+        *,
+        metrics: dict[str, float] | None = None,
     ) -> Manifest | None:
         """Call after finishing ``step`` steps. Saves when due; exits after saving on a notice."""
         stopping = self.notice()
         saved = None
         if stopping or step % self.save_every == 0 or step >= self.total_steps:
-            saved = self.checkpoints.save(step, state(), now=self.clock(), total_steps=self.total_steps, metrics=metrics)
+            saved = self.checkpoints.save(
+                step, state(), now=self.clock(), total_steps=self.total_steps, metrics=metrics
+            )
             self.last_saved = step
         self._report(step, metrics)
         if stopping and step < self.total_steps:
-            log.warning("Preemption notice: checkpoint at step %d saved; exiting with %d.", step, PREEMPTED_EXIT)
+            log.warning(
+                "Preemption notice: checkpoint at step %d saved; exiting with %d.",
+                step,
+                PREEMPTED_EXIT,
+            )
             sys.exit(PREEMPTED_EXIT)
         return saved
 
     def _report(self, step: int, metrics: dict[str, float] | None) -> None:
         if self.progress_file is None:
             return
-        doc = {"step": step, "total_steps": self.total_steps, "checkpoint_step": self.last_saved, "time": self.clock(), "metrics": metrics or {}}
+        doc = {
+            "step": step,
+            "total_steps": self.total_steps,
+            "checkpoint_step": self.last_saved,
+            "time": self.clock(),
+            "metrics": metrics or {},
+        }
         tmp = self.progress_file.with_name(self.progress_file.name + ".tmp")
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, self.progress_file)

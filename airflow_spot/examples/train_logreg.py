@@ -14,6 +14,7 @@ import argparse
 import io
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,7 +31,15 @@ def make_data(seed: int, n: int = 4000) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def sgd_step(w: np.ndarray, x: np.ndarray, y: np.ndarray, seed: int, step: int, lr: float = 0.1, batch: int = 64) -> np.ndarray:
+def sgd_step(
+    w: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    step: int,
+    lr: float = 0.1,
+    batch: int = 64,
+) -> np.ndarray:
     idx = np.random.default_rng([seed, step]).integers(0, len(x) - 1000, size=batch)
     xb, yb = x[idx], y[idx]
     p = 1.0 / (1.0 + np.exp(-(xb @ w)))
@@ -51,6 +60,10 @@ def from_bytes(raw: bytes) -> np.ndarray:
     return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
+def _state_of(w: np.ndarray) -> Callable[[], dict[str, bytes]]:
+    return lambda: {"weights.npy": to_bytes(w)}
+
+
 def train(session: TrainingSession, seed: int, step_seconds: float = 0.0) -> np.ndarray:
     x, y = make_data(seed)
     start, files = session.resume()
@@ -61,8 +74,12 @@ def train(session: TrainingSession, seed: int, step_seconds: float = 0.0) -> np.
         if step_seconds:
             time.sleep(max(0.0, step_seconds - (time.monotonic() - t0)))
         done = step + 1
-        metrics = {"accuracy": accuracy(w, x, y)} if done % session.save_every == 0 or done == session.total_steps else None
-        session.step_done(done, lambda w=w: {"weights.npy": to_bytes(w)}, metrics=metrics)
+        metrics = (
+            {"accuracy": accuracy(w, x, y)}
+            if done % session.save_every == 0 or done == session.total_steps
+            else None
+        )
+        session.step_done(done, _state_of(w), metrics=metrics)
     return w
 
 
@@ -75,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-uri")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    session = TrainingSession.from_env(total_steps=args.steps, save_every=args.save_every, checkpoint_uri=args.checkpoint_uri)
+    session = TrainingSession.from_env(
+        total_steps=args.steps, save_every=args.save_every, checkpoint_uri=args.checkpoint_uri
+    )
     w = train(session, args.seed, args.step_seconds)
     x, y = make_data(args.seed)
     logging.info("Training finished: %d steps, test accuracy %.4f", args.steps, accuracy(w, x, y))

@@ -47,10 +47,15 @@ class Controller:
         self.state = state
         self.context = context
         self.backend = op._backend()
-        self.market = ReplayMarket.load(MarketSpec.from_dict(state.market)) if state.market else None
-        self.checkpoints = Checkpoints(open_store(op.checkpoint_uri))
+        self.market = (
+            ReplayMarket.load(MarketSpec.from_dict(state.market)) if state.market else None
+        )
+        self.checkpoint_uri = str(op.checkpoint_uri)
+        self.checkpoints = Checkpoints(open_store(self.checkpoint_uri))
         self.policy = get_policy(op.policy)
-        self.command = shlex.split(op.command) if isinstance(op.command, str) else list(op.command)
+        self.command = (
+            shlex.split(op.command) if isinstance(op.command, str) else list(op.command or [])
+        )
 
     # -- one turn ---------------------------------------------------------------------------
     def advance(self, event: SpotEvent | None) -> StepResult:
@@ -66,14 +71,19 @@ class Controller:
             if done is not None:
                 return StepResult(True, summary=done)
         if st.failures > self.op.max_failures:
-            last = next((a for a in reversed(st.attempts) if a.outcome in ("app_failure", "oom_killed")), None)
+            last = next(
+                (a for a in reversed(st.attempts) if a.outcome in ("app_failure", "oom_killed")),
+                None,
+            )
             raise FailureBudgetExhausted(
                 f"{st.failures} application failures exceed max_failures={self.op.max_failures}; last: attempt "
                 f"{last.attempt if last else '?'} {last.reason if last else ''}. Preemptions so far: {st.preemptions} "
                 "(they never count here). Fix the training code or raise max_failures."
             )
         if st.infra_disruptions > MAX_INFRA_DISRUPTIONS:
-            raise BackendError(f"{st.infra_disruptions} attempts lost to infrastructure; giving up on this try")
+            raise BackendError(
+                f"{st.infra_disruptions} attempts lost to infrastructure; giving up on this try"
+            )
         live = st.live
         if live is not None and live.capacity == "spot" and spot is False:
             # capacity is being reclaimed: the verdict arrives within notice + grace; wait for it
@@ -87,7 +97,9 @@ class Controller:
         from airflow_spot.triggers.watch import Watch
 
         live = self.state.live
-        watch = Watch(live.handle if live else None, self.state.market, self.state.spot_last, wake_at)
+        watch = Watch(
+            live.handle if live else None, self.state.market, self.state.spot_last, wake_at
+        )
         while True:
             ev = watch.poll_once()
             if ev is not None:
@@ -132,14 +144,31 @@ class Controller:
         elif outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value):
             st.failures += 1
             tail = _log_tail(Path(rec.handle["run_dir"]) / "attempt.log")
-            log.error("Attempt %d failed on healthy %s capacity: %s. Log tail:\n%s", rec.attempt, rec.capacity, rec.reason, tail)
+            log.error(
+                "Attempt %d failed on healthy %s capacity: %s. Log tail:\n%s",
+                rec.attempt,
+                rec.capacity,
+                rec.reason,
+                tail,
+            )
         elif outcome == Outcome.INFRA_DISRUPTION.value:
             st.infra_disruptions += 1
         lost = max(0, (rec.step_end or 0) - (rec.ckpt_step_end or 0))
-        log.info("Attempt %d on %s ended: %s (%s); progress step %s, checkpoint step %s, %d steps lost. "
-                 "Budgets: preemptions %d%s, failures %d/%d.", rec.attempt, rec.capacity, outcome, rec.reason,
-                 rec.step_end, rec.ckpt_step_end, lost, st.preemptions,
-                 "" if self.op.max_preemptions is None else f"/{self.op.max_preemptions}", st.failures, self.op.max_failures)
+        log.info(
+            "Attempt %d on %s ended: %s (%s); progress step %s, checkpoint step %s, %d steps lost. "
+            "Budgets: preemptions %d%s, failures %d/%d.",
+            rec.attempt,
+            rec.capacity,
+            outcome,
+            rec.reason,
+            rec.step_end,
+            rec.ckpt_step_end,
+            lost,
+            st.preemptions,
+            "" if self.op.max_preemptions is None else f"/{self.op.max_preemptions}",
+            st.failures,
+            self.op.max_failures,
+        )
 
     def _finish_if_complete(self, now: float) -> dict[str, Any] | None:
         m = self.checkpoints.latest_valid()
@@ -149,7 +178,9 @@ class Controller:
             rec.outcome = Outcome.APP_FAILURE.value
             rec.reason = f"exited 0 but the newest valid checkpoint is at step {m.step if m else 0} of {total}"
             self.state.failures += 1
-            log.error("Attempt %d %s; counting it as an application failure.", rec.attempt, rec.reason)
+            log.error(
+                "Attempt %d %s; counting it as an application failure.", rec.attempt, rec.reason
+            )
             return None
         summary = self.summary(now, m)
         self.state.finished = summary
@@ -165,6 +196,7 @@ class Controller:
         steps, secs = self.state.throughput()
         if steps >= MIN_STEPS_FOR_RATE and secs > 0:
             return secs / steps
+        assert self.op.expected_compute is not None  # validated at parse time
         return self.op.expected_compute.total_seconds() * self.state.time_scale / total
 
     def _decide(self, now: float, spot: bool | None) -> tuple[Decision, JobSpec, Observation]:
@@ -172,7 +204,10 @@ class Controller:
         latest = self.checkpoints.latest_manifest()
         total = self._total_steps(latest)
         if total is None:
-            raise InfeasibleDeadline("total_steps", "unknown: give total_steps or write it into the checkpoints' manifests")
+            raise InfeasibleDeadline(
+                "total_steps",
+                "unknown: give total_steps or write it into the checkpoints' manifests",
+            )
         st.total_steps = total
         sps = self.seconds_per_step(total)
         done_steps = latest.step if latest else 0
@@ -181,14 +216,27 @@ class Controller:
         if changeover is None:
             changeover = self.op.changeover.total_seconds() * scale
         live = st.live
-        if live is not None and live.capacity == Capacity.ON_DEMAND.value and live.step_end is not None:
+        if (
+            live is not None
+            and live.capacity == Capacity.ON_DEMAND.value
+            and live.step_end is not None
+        ):
             done_steps = max(done_steps, live.step_end)  # on-demand progress is not taken back
         work_s, done_s, now_m = total * sps, done_steps * sps, st.market_s(now)
         try:
-            job = JobSpec(work_s, st.deadline_s, changeover, self.op.spot_price, self.op.on_demand_price,
-                          tick_s=self.op.decision_interval.total_seconds() * scale, max_preemptions=self.op.max_preemptions)
+            job = JobSpec(
+                work_s,
+                st.deadline_s,
+                changeover,
+                self.op.spot_price,
+                self.op.on_demand_price,
+                tick_s=self.op.decision_interval.total_seconds() * scale,
+                max_preemptions=self.op.max_preemptions,
+            )
         except InfeasibleDeadline as e:
-            raise InfeasibleDeadline("deadline", f"at the measured {sps * total / HOUR:.2f} h for {total} steps: {e}") from e
+            raise InfeasibleDeadline(
+                "deadline", f"at the measured {sps * total / HOUR:.2f} h for {total} steps: {e}"
+            ) from e
         cap = Capacity(live.capacity) if live else Capacity.NONE
         left = 0.0
         if live is not None and live.started_at is None:
@@ -198,21 +246,40 @@ class Controller:
         need = remaining + (left if cap is Capacity.ON_DEMAND else changeover)
         if remaining > 0 and need > time_left + job.tick_s:
             raise InfeasibleDeadline(
-                "deadline", f"cannot be met any more: {remaining / HOUR:.2f} h of work + changeover "
+                "deadline",
+                f"cannot be met any more: {remaining / HOUR:.2f} h of work + changeover "
                 f"{(need - remaining) / HOUR:.2f} h > {time_left / HOUR:.2f} h left (measured {sps:.1f} s per step); "
-                "give more time or cut the work")
-        obs = Observation(now_m, done_s, cap, spot, left, st.preemptions, st.spot_age_s(now), st.spot_down_s)
+                "give more time or cut the work",
+            )
+        obs = Observation(
+            now_m, done_s, cap, spot, left, st.preemptions, st.spot_age_s(now), st.spot_down_s
+        )
         decision = self.policy.decide(job, obs)
-        if decision.capacity is Capacity.SPOT and self.op.max_preemptions is not None and st.preemptions > self.op.max_preemptions:
+        if (
+            decision.capacity is Capacity.SPOT
+            and self.op.max_preemptions is not None
+            and st.preemptions > self.op.max_preemptions
+        ):
             if self.op.on_preemption_budget == "fail":
                 raise PreemptionBudgetExhausted(
                     f"{st.preemptions} preemptions exceed max_preemptions={self.op.max_preemptions} "
-                    "(on_preemption_budget='fail'); application failures so far: {st.failures}")
-            decision = Decision(Capacity.ON_DEMAND, "budget_spent", (st.preemptions, self.op.max_preemptions))
+                    "(on_preemption_budget='fail'); application failures so far: {st.failures}"
+                )
+            decision = Decision(
+                Capacity.ON_DEMAND, "budget_spent", (st.preemptions, self.op.max_preemptions)
+            )
         st.record_decision(now, decision.capacity.value, decision.reason, done_steps)
-        log.info("[spot] t=%.2f h, done %d/%d steps (%.1f%%), %s%s: %s -> %s", now_m / HOUR, done_steps, total,
-                 100 * done_steps / total, f"attempt {live.attempt} on {live.capacity}" if live else "idle",
-                 "" if spot is None else f", spot {'up' if spot else 'down'}", decision.reason, decision.capacity.value)
+        log.info(
+            "[spot] t=%.2f h, done %d/%d steps (%.1f%%), %s%s: %s -> %s",
+            now_m / HOUR,
+            done_steps,
+            total,
+            100 * done_steps / total,
+            f"attempt {live.attempt} on {live.capacity}" if live else "idle",
+            "" if spot is None else f", spot {'up' if spot else 'down'}",
+            decision.reason,
+            decision.capacity.value,
+        )
         return decision, job, obs
 
     # -- acting -----------------------------------------------------------------------------
@@ -236,16 +303,40 @@ class Controller:
         ti = self.context["ti"]
         n = len(st.attempts) + 1
         latest = self.checkpoints.latest_manifest()
-        key = "/".join(_safe(x) for x in (ti.dag_id, ti.run_id, ti.task_id, str(getattr(ti, "map_index", -1))))
+        key = "/".join(
+            _safe(x) for x in (ti.dag_id, ti.run_id, ti.task_id, str(getattr(ti, "map_index", -1)))
+        )
         changeover_wall = self.op.changeover.total_seconds()
         handle = self.backend.launch(
-            key, n, capacity.value, self.command, checkpoint_uri=self.op.checkpoint_uri,
-            changeover_wall_s=changeover_wall, market=MarketSpec.from_dict(st.market) if st.market else self.backend.market_spec(st.started_at),
+            key,
+            n,
+            capacity.value,
+            self.command,
+            checkpoint_uri=self.checkpoint_uri,
+            changeover_wall_s=changeover_wall,
+            market=MarketSpec.from_dict(st.market)
+            if st.market
+            else self.backend.market_spec(st.started_at),
         )
         price = job.spot_price if capacity is Capacity.SPOT else job.on_demand_price
-        st.attempts.append(AttemptRecord(n, capacity.value, handle, time.time(), step_start=latest.step if latest else 0, price=price))
+        st.attempts.append(
+            AttemptRecord(
+                n,
+                capacity.value,
+                handle,
+                time.time(),
+                step_start=latest.step if latest else 0,
+                price=price,
+            )
+        )
         st.current = len(st.attempts) - 1
-        log.info("Launched attempt %d on %s from checkpoint step %d (%s).", n, capacity.value, st.attempts[-1].step_start, handle["run_dir"])
+        log.info(
+            "Launched attempt %d on %s from checkpoint step %d (%s).",
+            n,
+            capacity.value,
+            st.attempts[-1].step_start,
+            handle["run_dir"],
+        )
 
     def abandon(self) -> None:
         """Cancel the live attempt (the task is failing for good); nothing is left running."""
@@ -264,28 +355,56 @@ class Controller:
         led = st.ledger(now, sps, self.op.on_demand_price, total * sps)
         led.finished_s = st.market_s(now)
         out = led.summary()
-        out.update({
-            "policy": self.op.policy,
-            "on_demand_price": self.op.on_demand_price,
-            "spot_price": self.op.spot_price,
-            "time_scale": st.time_scale,
-            "deadline_hours": round(st.deadline_s / HOUR, 4),
-            "attempts": [
-                {"attempt": a.attempt, "capacity": a.capacity, "launched_h": round(st.market_s(a.launched_at) / HOUR, 4),
-                 "start_h": None if a.started_at is None else round(st.market_s(a.started_at) / HOUR, 4),
-                 "end_h": None if a.ended_at is None else round(st.market_s(a.ended_at) / HOUR, 4),
-                 "outcome": a.outcome, "reason": a.reason, "exit_code": a.exit_code,
-                 "step_start": a.step_start, "step_end": a.step_end, "checkpoint_step_end": a.ckpt_step_end}
-                for a in st.attempts
-            ],
-            "failures": st.failures,
-            "infra_disruptions": st.infra_disruptions,
-            "fallbacks_to_on_demand": sum(1 for a, b in zip(st.attempts, st.attempts[1:]) if a.capacity == "spot" and b.capacity == "on_demand"),
-            "returns_to_spot": sum(1 for a, b in zip(st.attempts, st.attempts[1:]) if a.capacity == "on_demand" and b.capacity == "spot"),
-            "final_checkpoint": None if final is None else {"name": final.name, "step": final.step, "metrics": final.metrics,
-                                                             "uri": f"{self.op.checkpoint_uri.rstrip('/')}/{final.name}"},
-            "decisions": st.decisions,
-        })
+        out.update(
+            {
+                "policy": self.op.policy,
+                "on_demand_price": self.op.on_demand_price,
+                "spot_price": self.op.spot_price,
+                "time_scale": st.time_scale,
+                "deadline_hours": round(st.deadline_s / HOUR, 4),
+                "attempts": [
+                    {
+                        "attempt": a.attempt,
+                        "capacity": a.capacity,
+                        "launched_h": round(st.market_s(a.launched_at) / HOUR, 4),
+                        "start_h": None
+                        if a.started_at is None
+                        else round(st.market_s(a.started_at) / HOUR, 4),
+                        "end_h": None
+                        if a.ended_at is None
+                        else round(st.market_s(a.ended_at) / HOUR, 4),
+                        "outcome": a.outcome,
+                        "reason": a.reason,
+                        "exit_code": a.exit_code,
+                        "step_start": a.step_start,
+                        "step_end": a.step_end,
+                        "checkpoint_step_end": a.ckpt_step_end,
+                    }
+                    for a in st.attempts
+                ],
+                "failures": st.failures,
+                "infra_disruptions": st.infra_disruptions,
+                "fallbacks_to_on_demand": sum(
+                    1
+                    for a, b in zip(st.attempts, st.attempts[1:], strict=False)
+                    if a.capacity == "spot" and b.capacity == "on_demand"
+                ),
+                "returns_to_spot": sum(
+                    1
+                    for a, b in zip(st.attempts, st.attempts[1:], strict=False)
+                    if a.capacity == "on_demand" and b.capacity == "spot"
+                ),
+                "final_checkpoint": None
+                if final is None
+                else {
+                    "name": final.name,
+                    "step": final.step,
+                    "metrics": final.metrics,
+                    "uri": f"{self.checkpoint_uri.rstrip('/')}/{final.name}",
+                },
+                "decisions": st.decisions,
+            }
+        )
         return out
 
 
@@ -301,6 +420,8 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 
 def _one_line(s: dict[str, Any]) -> str:
-    return (f"cost ${s['cost']:.2f} vs ${s['on_demand_cost']:.2f} all on-demand (savings {100 * s['savings']:.1f}%), "
-            f"spot {s['spot_hours']:.2f} h, on-demand {s['on_demand_hours']:.2f} h, idle {s['idle_hours']:.2f} h, "
-            f"{s['preemptions']} preemptions, {s['work_lost_hours']:.2f} h of work lost, deadline met: {s['deadline_met']}")
+    return (
+        f"cost ${s['cost']:.2f} vs ${s['on_demand_cost']:.2f} all on-demand (savings {100 * s['savings']:.1f}%), "
+        f"spot {s['spot_hours']:.2f} h, on-demand {s['on_demand_hours']:.2f} h, idle {s['idle_hours']:.2f} h, "
+        f"{s['preemptions']} preemptions, {s['work_lost_hours']:.2f} h of work lost, deadline met: {s['deadline_met']}"
+    )

@@ -117,45 +117,86 @@ class SpotTrainingOperator(BaseOperator):
     # -- validation -------------------------------------------------------------------------
     def _validate_static(self) -> None:
         """Everything checkable when the DAG is parsed, without disk, network or clock."""
-        if not self.command or (isinstance(self.command, (list, tuple)) and not all(isinstance(c, str) and c for c in self.command)):
-            raise ConfigError("command", "give the training command, e.g. ['python', 'train.py'] or 'python train.py'")
+        if not self.command or (
+            isinstance(self.command, (list, tuple))
+            and not all(isinstance(c, str) and c for c in self.command)
+        ):
+            raise ConfigError(
+                "command",
+                "give the training command, e.g. ['python', 'train.py'] or 'python train.py'",
+            )
         if not self.checkpoint_uri:
-            raise ConfigError("checkpoint_uri", "give where checkpoints live: a path, file:///path or s3://bucket/prefix")
+            raise ConfigError(
+                "checkpoint_uri",
+                "give where checkpoints live: a path, file:///path or s3://bucket/prefix",
+            )
         if not _templated(self.checkpoint_uri):
             validate_uri(self.checkpoint_uri)
-        if not isinstance(self.expected_compute, timedelta) or self.expected_compute <= timedelta(0):
-            raise ConfigError("expected_compute", f"must be a positive timedelta (compute the whole job needs), got {self.expected_compute!r}")
-        if self.total_steps is not None and (not isinstance(self.total_steps, int) or self.total_steps < 1):
-            raise ConfigError("total_steps", f"must be a positive integer or None, got {self.total_steps!r}")
+        if not isinstance(self.expected_compute, timedelta) or self.expected_compute <= timedelta(
+            0
+        ):
+            raise ConfigError(
+                "expected_compute",
+                f"must be a positive timedelta (compute the whole job needs), got {self.expected_compute!r}",
+            )
+        if self.total_steps is not None and (
+            not isinstance(self.total_steps, int) or self.total_steps < 1
+        ):
+            raise ConfigError(
+                "total_steps", f"must be a positive integer or None, got {self.total_steps!r}"
+            )
         if not isinstance(self.changeover, timedelta) or self.changeover < timedelta(0):
             raise ConfigError("changeover", f"must be a timedelta >= 0, got {self.changeover!r}")
         get_policy(self.policy)
         for name in ("max_preemptions", "max_failures"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 0):
-                raise ConfigError(name, f"must be an integer >= 0{' or None' if name == 'max_preemptions' else ''}, got {v!r}")
+                raise ConfigError(
+                    name,
+                    f"must be an integer >= 0{' or None' if name == 'max_preemptions' else ''}, got {v!r}",
+                )
         if self.on_preemption_budget not in PREEMPTION_ACTIONS:
-            raise ConfigError("on_preemption_budget", f"must be one of {PREEMPTION_ACTIONS}, got {self.on_preemption_budget!r}")
+            raise ConfigError(
+                "on_preemption_budget",
+                f"must be one of {PREEMPTION_ACTIONS}, got {self.on_preemption_budget!r}",
+            )
         for name in ("spot_price", "on_demand_price"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v < 0 or (name == "on_demand_price" and v == 0):
-                raise ConfigError(name, f"must be a price per hour {'> 0' if name == 'on_demand_price' else '>= 0'}, got {v!r}")
-        if not isinstance(self.decision_interval, timedelta) or self.decision_interval <= timedelta(0):
+                raise ConfigError(
+                    name,
+                    f"must be a price per hour {'> 0' if name == 'on_demand_price' else '>= 0'}, got {v!r}",
+                )
+        if not isinstance(self.decision_interval, timedelta) or self.decision_interval <= timedelta(
+            0
+        ):
             raise ConfigError("decision_interval", "must be a positive timedelta")
         if not (isinstance(self.poll_interval, (int, float)) and self.poll_interval > 0):
             raise ConfigError("poll_interval", f"must be > 0 seconds, got {self.poll_interval!r}")
         if isinstance(self.backend, str) and self.backend != "local":
-            raise ConfigError("backend", f"unknown backend {self.backend!r}; use 'local' or a backend object")
+            raise ConfigError(
+                "backend", f"unknown backend {self.backend!r}; use 'local' or a backend object"
+            )
         if self.deadline is None:
-            raise ConfigError("deadline", "give a deadline: a datetime, a timedelta from the task's start, or '6h'")
+            raise ConfigError(
+                "deadline",
+                "give a deadline: a datetime, a timedelta from the task's start, or '6h'",
+            )
         if isinstance(self.deadline, timedelta):
             self._check_deadline_span(self.deadline)
         elif isinstance(self.deadline, datetime) and self.deadline.tzinfo is None:
-            raise ConfigError("deadline", "a datetime deadline must be timezone-aware (e.g. pendulum or tzinfo=timezone.utc)")
+            raise ConfigError(
+                "deadline",
+                "a datetime deadline must be timezone-aware (e.g. pendulum or tzinfo=timezone.utc)",
+            )
         elif not isinstance(self.deadline, (datetime, str)):
-            raise ConfigError("deadline", f"must be a datetime, a timedelta or a string, got {type(self.deadline).__name__}")
+            raise ConfigError(
+                "deadline",
+                f"must be a datetime, a timedelta or a string, got {type(self.deadline).__name__}",
+            )
 
     def _check_deadline_span(self, span: timedelta) -> None:
+        assert self.expected_compute is not None  # validated before
         need = self.expected_compute + self.changeover
         if span <= timedelta(0) or span < need:
             raise ConfigError(
@@ -175,19 +216,25 @@ class SpotTrainingOperator(BaseOperator):
         assert isinstance(dl, datetime)
         at = dl.timestamp()
         if at <= started_at:
-            raise ConfigError("deadline", f"{dl.isoformat()} is already in the past; give a later deadline")
+            raise ConfigError(
+                "deadline", f"{dl.isoformat()} is already in the past; give a later deadline"
+            )
         self._check_deadline_span(timedelta(seconds=at - started_at))
         return at
 
     # -- Airflow entry points ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         store = context["task_state_store"]
-        raw = store.get(STATE_KEY)
+        raw: Any = store.get(STATE_KEY)
         from airflow_spot.jobstate import JobState
 
         if raw and not raw.get("finished"):
             state = JobState.from_dict(raw)
-            self.log.info("Resuming job state from try %s: %d attempts so far.", context["ti"].try_number, len(state.attempts))
+            self.log.info(
+                "Resuming job state from try %s: %d attempts so far.",
+                context["ti"].try_number,
+                len(state.attempts),
+            )
         else:
             state = self._new_state(time.time())
         return self._step(context, state, None)
@@ -197,9 +244,11 @@ class SpotTrainingOperator(BaseOperator):
         from airflow_spot.triggers.events import SpotEvent
 
         parsed = SpotEvent.from_payload(event)
-        raw = context["task_state_store"].get(STATE_KEY)
+        raw: Any = context["task_state_store"].get(STATE_KEY)
         if not raw:
-            raise BackendError("the job's state is missing from the task state store; cannot resume safely")
+            raise BackendError(
+                "the job's state is missing from the task state store; cannot resume safely"
+            )
         return self._step(context, JobState.from_dict(raw), parsed)
 
     def on_kill(self) -> None:
@@ -215,8 +264,13 @@ class SpotTrainingOperator(BaseOperator):
 
         deadline_at = self._resolve_deadline(now)
         backend = self._backend()
-        return JobState(started_at=now, deadline_at=deadline_at, time_scale=backend.time_scale,
-                        total_steps=self.total_steps, market=backend.market_spec(now).to_dict())
+        return JobState(
+            started_at=now,
+            deadline_at=deadline_at,
+            time_scale=backend.time_scale,
+            total_steps=self.total_steps,
+            market=backend.market_spec(now).to_dict(),
+        )
 
     def _backend(self) -> LocalBackend:
         from airflow_spot.backends.local.backend import LocalBackend
@@ -246,8 +300,13 @@ class SpotTrainingOperator(BaseOperator):
                 from airflow_spot.triggers.local import LocalAttemptTrigger
 
                 self.defer(
-                    trigger=LocalAttemptTrigger(handle=self._live_handle, market=state.market, spot_was=state.spot_last,
-                                                wake_at=result.wake_at, poll_interval=self.poll_interval),
+                    trigger=LocalAttemptTrigger(
+                        handle=self._live_handle,
+                        market=state.market,
+                        spot_was=state.spot_last,
+                        wake_at=result.wake_at,
+                        poll_interval=self.poll_interval,
+                    ),
                     method_name="resume",
                     timeout=timedelta(seconds=max(60.0, state.deadline_at - time.time() + 3600)),
                 )
@@ -260,10 +319,17 @@ def default_retry_policy():
 
     return ExceptionRetryPolicy(
         rules=[
-            RetryRule(exception=[ConfigError, BudgetExhausted], action=RetryAction.FAIL,
-                      reason="configuration error or spent budget: retrying cannot help"),
-            RetryRule(exception=BackendError, action=RetryAction.RETRY, retry_delay=timedelta(seconds=10),
-                      reason="backend error: retry and re-attach"),
+            RetryRule(
+                exception=[ConfigError, BudgetExhausted],
+                action=RetryAction.FAIL,
+                reason="configuration error or spent budget: retrying cannot help",
+            ),
+            RetryRule(
+                exception=BackendError,
+                action=RetryAction.RETRY,
+                retry_delay=timedelta(seconds=10),
+                reason="backend error: retry and re-attach",
+            ),
         ]
     )
 
@@ -288,4 +354,6 @@ def _parse_deadline(text: str) -> datetime | timedelta:
     try:
         return timedelta(hours=parse_hours(text, "deadline"))
     except ConfigError:
-        raise ConfigError("deadline", f"{text!r} is neither an ISO datetime nor a duration like '6h'") from None
+        raise ConfigError(
+            "deadline", f"{text!r} is neither an ISO datetime nor a duration like '6h'"
+        ) from None

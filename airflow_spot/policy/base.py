@@ -40,7 +40,11 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     left = ticks_left(job, obs)
     if ticks_needed(job, obs) < left:
         return choice
-    if obs.capacity is Capacity.SPOT and choice.capacity is Capacity.SPOT and obs.changeover_left_s < EPS:
+    if (
+        obs.capacity is Capacity.SPOT
+        and choice.capacity is Capacity.SPOT
+        and obs.changeover_left_s < EPS
+    ):
         return choice  # a running spot instance's next interval of progress is certain
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
     return Decision(Capacity.ON_DEMAND, "safety", (slack_h,))
@@ -83,7 +87,9 @@ def get_policy(name: str) -> Policy:
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise UnknownPolicy("policy", f"unknown policy {name!r}; choose one of {', '.join(policy_names())}") from None
+        raise UnknownPolicy(
+            "policy", f"unknown policy {name!r}; choose one of {', '.join(policy_names())}"
+        ) from None
     return factory()
 
 

@@ -25,7 +25,11 @@ DEFAULT_PREEMPTION_BUDGET = 3
 
 
 def _wait(job: JobSpec, obs: Observation) -> Decision:
-    return Decision(Capacity.NONE, "spot_down_wait", ((job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR,))
+    return Decision(
+        Capacity.NONE,
+        "spot_down_wait",
+        ((job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR,),
+    )
 
 
 @register
@@ -88,4 +92,8 @@ class LastAttemptOnDemand(Policy):
 
 
 def _safety_od(job: JobSpec, obs: Observation) -> Decision:
-    return Decision(Capacity.ON_DEMAND, "safety", ((job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR,))
+    return Decision(
+        Capacity.ON_DEMAND,
+        "safety",
+        ((job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR,),
+    )

@@ -38,7 +38,9 @@ class Params:
     floor: float = 1.0  # minimum reserve, in changeovers
     return_margin: float = 0.5  # slack above the reserve needed to leave on-demand, in changeovers
     settle_s: float = 600.0  # leave on-demand only for spot that has been up at least this long
-    finish_changeovers: float = 4.0  # with less work than this many changeovers left, finish on on-demand
+    finish_changeovers: float = (
+        4.0  # with less work than this many changeovers left, finish on on-demand
+    )
 
 
 @register
@@ -63,11 +65,19 @@ class DeadlineAware(Policy):
         if obs.spot_available:
             back = reserve + p.return_margin * d
             near_end = job.work_s - obs.done_s < p.finish_changeovers * d
-            if obs.capacity is Capacity.ON_DEMAND and (slack < back or obs.spot_age_s < p.settle_s or near_end):
+            if obs.capacity is Capacity.ON_DEMAND and (
+                slack < back or obs.spot_age_s < p.settle_s or near_end
+            ):
                 return Decision(Capacity.ON_DEMAND, "da_keep_od", (slack / HOUR, reserve / HOUR))
             return Decision(Capacity.SPOT, "spot_up")
         if obs.capacity is Capacity.ON_DEMAND:
             return Decision(Capacity.ON_DEMAND, "da_od_spot_down", (obs.spot_age_s / HOUR,))
         if slack - d <= reserve:
-            return Decision(Capacity.ON_DEMAND, "da_reserve", (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR))
-        return Decision(Capacity.NONE, "da_wait", (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR))
+            return Decision(
+                Capacity.ON_DEMAND,
+                "da_reserve",
+                (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR),
+            )
+        return Decision(
+            Capacity.NONE, "da_wait", (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR)
+        )

@@ -55,7 +55,9 @@ class JobSpec:
         if not (math.isfinite(self.spot_price) and self.spot_price >= 0):
             raise InvalidJobSpec("spot_price", f"must be >= 0 per hour, got {self.spot_price!r}")
         if self.max_preemptions is not None and self.max_preemptions < 0:
-            raise InvalidJobSpec("max_preemptions", f"must be >= 0 or None, got {self.max_preemptions}")
+            raise InvalidJobSpec(
+                "max_preemptions", f"must be >= 0 or None, got {self.max_preemptions}"
+            )
         if self.deadline_s < self.work_s:
             raise InvalidJobSpec(
                 "deadline_s",

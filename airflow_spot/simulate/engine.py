@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from airflow_spot.ledger import Ledger, Phase, Segment
 from airflow_spot.policy import Capacity, JobSpec, Observation, Policy
 from airflow_spot.policy.base import EPS
@@ -69,7 +67,9 @@ class RunResult:
         }
 
 
-def replay(policy: Policy, trace: Trace, job: JobSpec, *, use_trace_prices: bool = False) -> RunResult:
+def replay(
+    policy: Policy, trace: Trace, job: JobSpec, *, use_trace_prices: bool = False
+) -> RunResult:
     """Replay ``policy`` on ``trace`` for ``job``; ticks are the trace's ``gap_s``."""
     gap = trace.gap_s
     if abs(job.tick_s - gap) > 1e-9:
@@ -103,7 +103,11 @@ def replay(policy: Policy, trace: Trace, job: JobSpec, *, use_trace_prices: bool
                 w = work - done
             done += w
             work_on[last] += w
-            price = job.on_demand_price if last is OD else (spot_prices[t - 1] if spot_prices else job.spot_price)
+            price = (
+                job.on_demand_price
+                if last is OD
+                else (spot_prices[t - 1] if spot_prices else job.spot_price)
+            )
             seg.tick(last, now - gap, launching, gap, done - w, done, price)
             if last is SPOT and not has:
                 cur = NONE
@@ -156,7 +160,16 @@ class _SegmentBuilder:
         self.key: tuple | None = None
         self.start = self.end = self.p0 = self.p1 = 0.0
 
-    def tick(self, cap: Capacity, t0: float, launching: float, gap: float, p0: float, p1: float, price: float) -> None:
+    def tick(
+        self,
+        cap: Capacity,
+        t0: float,
+        launching: float,
+        gap: float,
+        p0: float,
+        p1: float,
+        price: float,
+    ) -> None:
         if launching > 0:
             self._extend((cap, Phase.LAUNCHING, price), t0, t0 + launching, p0, p0)
         if launching < gap:
@@ -173,5 +186,7 @@ class _SegmentBuilder:
         if self.key is None:
             return
         cap, phase, price = self.key
-        self.ledger.add(Segment(cap, phase, self.start, self.end, self.p0, self.p1, price, ended_by=ended_by))
+        self.ledger.add(
+            Segment(cap, phase, self.start, self.end, self.p0, self.p1, price, ended_by=ended_by)
+        )
         self.key = None

@@ -47,7 +47,9 @@ def omniscient_costs(
         spot_tick = np.full((n_win, max(n_ticks, t_max)), job.spot_price * gap / 3600.0)
     else:
         sp = np.asarray(spot_prices, dtype=float).reshape(n_win, -1)
-        spot_tick = np.pad(sp, ((0, 0), (0, max(0, t_max - sp.shape[1]))), mode="edge") * gap / 3600.0
+        spot_tick = (
+            np.pad(sp, ((0, 0), (0, max(0, t_max - sp.shape[1]))), mode="edge") * gap / 3600.0
+        )
 
     def fresh_units(j: int) -> int:  # progress in the (j+1)-th interval of a launch
         return (max((j + 1) * gap - d, 0) - max(j * gap - d, 0)) // unit
@@ -73,7 +75,9 @@ def omniscient_costs(
         for j in range(1, j_cap + 1):
             k = min(j + 1, j_cap)
             w = fresh_units(j)
-            nxt[:, j_cap + k] = np.minimum(nxt[:, j_cap + k], _shift(value[:, j_cap + j], w, lo, lo1, hi1) + od_tick)
+            nxt[:, j_cap + k] = np.minimum(
+                nxt[:, j_cap + k], _shift(value[:, j_cap + j], w, lo, lo1, hi1) + od_tick
+            )
             run_spot = np.where(up, _shift(value[:, j], w, lo, lo1, hi1) + sp_cost, INF)
             nxt[:, k] = np.minimum(nxt[:, k], run_spot)
         if hi1 == p_total:  # done: record and stop paying
@@ -95,5 +99,7 @@ def _shift(src: np.ndarray, w: int, lo: int, lo1: int, hi1: int) -> np.ndarray:
     if hi + w > hi1 and hi1 >= lo1:
         first = max(hi1 - w + 1, lo)
         if first <= hi:
-            out[..., hi1 - lo1] = np.minimum(out[..., hi1 - lo1], src[..., first - lo :].min(axis=-1))
+            out[..., hi1 - lo1] = np.minimum(
+                out[..., hi1 - lo1], src[..., first - lo :].min(axis=-1)
+            )
     return out

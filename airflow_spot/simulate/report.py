@@ -28,10 +28,14 @@ def plot_costs(summary: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: dict[tuple, list[tuple[float, float]]] = {}
     for r in summary:
-        series.setdefault((r["policy"], r["changeover_h"]), []).append((r["deadline_h"], r["normalized_cost"]))
+        series.setdefault((r["policy"], r["changeover_h"]), []).append(
+            (r["deadline_h"], r["normalized_cost"])
+        )
     for (policy, co), pts in sorted(series.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{policy} (d={co:g} h)")
+        ax.plot(
+            [p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{policy} (d={co:g} h)"
+        )
     ax.set_xlabel("deadline (h)")
     ax.set_ylabel("cost / all on-demand cost")
     ax.grid(alpha=0.3)

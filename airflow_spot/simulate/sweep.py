@@ -112,9 +112,15 @@ def sweep(
     for s in settings:
         for name in policies:
             if name == OMNISCIENT:
-                tasks += [(_run_omniscient, (name, traces[i : i + 300], s, use_trace_prices)) for i in range(0, len(traces), 300)]
+                tasks += [
+                    (_run_omniscient, (name, traces[i : i + 300], s, use_trace_prices))
+                    for i in range(0, len(traces), 300)
+                ]
             else:
-                tasks += [(_run_online, (name, traces[i : i + chunk], s, use_trace_prices)) for i in range(0, len(traces), chunk)]
+                tasks += [
+                    (_run_online, (name, traces[i : i + chunk], s, use_trace_prices))
+                    for i in range(0, len(traces), chunk)
+                ]
     workers = workers or min(os.cpu_count() or 1, 4)
     rows: list[dict] = []
     done = 0
@@ -141,13 +147,21 @@ def summarise(rows: list[dict]) -> list[dict]:
     for r in rows:
         by_key[(r["policy"], r["deadline_h"], r["changeover_h"])].append(r)
     omni = {
-        (r["trace"], r["deadline_h"], r["changeover_h"]): r["cost"] for r in rows if r["policy"] == OMNISCIENT
+        (r["trace"], r["deadline_h"], r["changeover_h"]): r["cost"]
+        for r in rows
+        if r["policy"] == OMNISCIENT
     }
     out = []
-    for (policy, dl, co), rs in sorted(by_key.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+    for (policy, dl, co), rs in sorted(
+        by_key.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])
+    ):
         norm = float(np.mean([r["normalized_cost"] for r in rs]))
         paired = [(r["cost"], omni[k]) for r in rs if (k := (r["trace"], dl, co)) in omni]
-        gap = float(np.mean([c for c, _ in paired]) / np.mean([o for _, o in paired]) - 1) if paired else None
+        gap = (
+            float(np.mean([c for c, _ in paired]) / np.mean([o for _, o in paired]) - 1)
+            if paired
+            else None
+        )
         out.append(
             {
                 "policy": policy,

@@ -53,7 +53,9 @@ class Trace:
     def window(self, start: int, length: int, name: str | None = None) -> Trace:
         """The ticks ``[start, start + length)`` as a trace of their own."""
         if start < 0 or length <= 0 or start + length > len(self):
-            raise ValueError(f"window [{start}, {start + length}) outside trace of {len(self)} ticks")
+            raise ValueError(
+                f"window [{start}, {start + length}) outside trace of {len(self)} ticks"
+            )
         prices = None if self.prices is None else self.prices[start : start + length]
         return Trace(
             name=name or f"{self.name}[{start}:{start + length}]",
@@ -69,11 +71,15 @@ class Trace:
         factor = gap_s / self.gap_s
         k = int(round(factor))
         if k < 1 or abs(factor - k) > 1e-9:
-            raise ValueError(f"can only resample {self.gap_s:g} s ticks by a whole factor, not to {gap_s:g} s")
+            raise ValueError(
+                f"can only resample {self.gap_s:g} s ticks by a whole factor, not to {gap_s:g} s"
+            )
         n = len(self) // k
-        avail = self.available[: n * k].reshape(n, k).all(axis=1)
+        avail = np.asarray(self.available[: n * k].reshape(n, k).all(axis=1), dtype=bool)
         prices = None if self.prices is None else self.prices[: n * k].reshape(n, k).mean(axis=1)
-        return Trace(self.name, gap_s, avail, prices, self.on_demand_price, self.source, dict(self.meta))
+        return Trace(
+            self.name, gap_s, avail, prices, self.on_demand_price, self.source, dict(self.meta)
+        )
 
 
 def load_trace(
@@ -98,7 +104,9 @@ def load_trace(
                 f"{p.name} is a 'date,availability' CSV (1 = spot up); drop --polarity unavailable",
             )
         return _load_csv(p, gap_s)
-    raise TraceFormatError("trace", f"{p.name}: expected a .json or .csv trace, got {p.suffix or 'no suffix'!r}")
+    raise TraceFormatError(
+        "trace", f"{p.name}: expected a .json or .csv trace, got {p.suffix or 'no suffix'!r}"
+    )
 
 
 def load_traces(
@@ -114,7 +122,11 @@ def load_traces(
         p = Path(raw)
         if p.is_dir():
             files = sorted(
-                (f for f in p.iterdir() if f.suffix in (".json", ".csv") and f.name != "spot_prices.json"),
+                (
+                    f
+                    for f in p.iterdir()
+                    if f.suffix in (".json", ".csv") and f.name != "spot_prices.json"
+                ),
                 key=_natural_key,
             )
             if not files:
@@ -178,9 +190,14 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
     return Trace(p.stem, float(gap), avail.astype(bool), prices, od, str(p), {"polarity": polarity})
 
 
-def _counts_to_available(p: Path, data: np.ndarray, nodes: int | None, polarity: Polarity | None) -> np.ndarray:
+def _counts_to_available(
+    p: Path, data: np.ndarray, nodes: int | None, polarity: Polarity | None
+) -> np.ndarray:
     if polarity == "unavailable":
-        raise TraceFormatError("polarity", f"{p.name} holds instance counts (availability); drop polarity='unavailable'")
+        raise TraceFormatError(
+            "polarity",
+            f"{p.name} holds instance counts (availability); drop polarity='unavailable'",
+        )
     if nodes is None:
         raise TraceFormatError(
             "nodes",
@@ -197,7 +214,9 @@ def _prices(p: Path, raw: object, n: int) -> np.ndarray | None:
         return None
     arr = np.asarray(raw, dtype=float)
     if arr.shape != (n,) or (arr <= 0).any():
-        raise TraceFormatError("trace", f"{p.name}: prices must be {n} positive numbers, one per tick")
+        raise TraceFormatError(
+            "trace", f"{p.name}: prices must be {n} positive numbers, one per tick"
+        )
     return arr
 
 
@@ -210,9 +229,13 @@ def _load_csv(p: Path, gap_s: float | None) -> Trace:
         stamps = np.array([datetime.fromisoformat(r[0]).timestamp() for r in rows[1:]])
         values = np.array([int(r[1]) for r in rows[1:]])
     except (ValueError, IndexError) as e:
-        raise TraceFormatError("trace", f"{p.name}: bad row ({e}); expected 'YYYY-MM-DD HH:MM:SS,0|1'") from e
+        raise TraceFormatError(
+            "trace", f"{p.name}: bad row ({e}); expected 'YYYY-MM-DD HH:MM:SS,0|1'"
+        ) from e
     if stamps.size < 2 or (np.diff(stamps) <= 0).any():
-        raise TraceFormatError("trace", f"{p.name}: needs at least two rows with increasing timestamps")
+        raise TraceFormatError(
+            "trace", f"{p.name}: needs at least two rows with increasing timestamps"
+        )
     if not np.isin(values, (0, 1)).all():
         raise TraceFormatError("trace", f"{p.name}: availability must be 0 or 1")
     probe_prices = _sibling_prices(p, values.size)
@@ -233,7 +256,9 @@ def _load_csv(p: Path, gap_s: float | None) -> Trace:
         prices = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
         prices = _ffill(prices)
     start = datetime.fromtimestamp(stamps[0]).isoformat()
-    return Trace(p.stem, gap, up, prices, None, str(p), {"start": start, "probes": int(values.size)})
+    return Trace(
+        p.stem, gap, up, prices, None, str(p), {"start": start, "probes": int(values.size)}
+    )
 
 
 def _ffill(a: np.ndarray) -> np.ndarray:
@@ -251,7 +276,9 @@ def _sibling_prices(p: Path, n: int) -> np.ndarray | None:
         return None
     arr = np.asarray(table[p.stem], dtype=float)
     if arr.shape != (n,):
-        raise TraceFormatError("trace", f"{side.name}[{p.stem}] has {arr.size} prices for {n} probes")
+        raise TraceFormatError(
+            "trace", f"{side.name}[{p.stem}] has {arr.size} prices for {n} probes"
+        )
     return arr
 
 

@@ -23,8 +23,13 @@ class SpotEvent:
     message: str = ""
 
     def to_payload(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "at": self.at, "spot_available": self.spot_available,
-                "status": self.status, "message": self.message}
+        return {
+            "kind": self.kind.value,
+            "at": self.at,
+            "spot_available": self.spot_available,
+            "status": self.status,
+            "message": self.message,
+        }
 
     @classmethod
     def from_payload(cls, payload: Any) -> SpotEvent:
@@ -35,4 +40,10 @@ class SpotEvent:
             kind = EventKind(payload["kind"])
         except ValueError as e:
             raise ValueError(f"unknown spot event kind {payload['kind']!r}") from e
-        return cls(kind, float(payload["at"]), payload.get("spot_available"), payload.get("status"), payload.get("message", ""))
+        return cls(
+            kind,
+            float(payload["at"]),
+            payload.get("spot_available"),
+            payload.get("status"),
+            payload.get("message", ""),
+        )

@@ -42,17 +42,32 @@ class SpotPollingTrigger(BaseTrigger):
             import time
 
             self.log.exception("Watching failed; waking the operator to decide.")
-            yield TriggerEvent(SpotEvent(EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}").to_payload())
+            yield TriggerEvent(
+                SpotEvent(
+                    EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}"
+                ).to_payload()
+            )
 
 
 class LocalAttemptTrigger(SpotPollingTrigger):
     """Watches a local attempt (or nothing, while waiting for spot), the replayed market and the clock."""
 
     def __init__(
-        self, *, handle: dict[str, Any] | None, market: dict[str, Any] | None, spot_was: bool | None,
-        wake_at: float, poll_interval: float = 5.0,
+        self,
+        *,
+        handle: dict[str, Any] | None,
+        market: dict[str, Any] | None,
+        spot_was: bool | None,
+        wake_at: float,
+        poll_interval: float = 5.0,
     ) -> None:
-        super().__init__(poll_interval=poll_interval, handle=handle, market=market, spot_was=spot_was, wake_at=wake_at)
+        super().__init__(
+            poll_interval=poll_interval,
+            handle=handle,
+            market=market,
+            spot_was=spot_was,
+            wake_at=wake_at,
+        )
         self.watch = Watch(handle, market, spot_was, wake_at)
 
     def poll(self) -> SpotEvent | None:

@@ -28,8 +28,14 @@ def _wait(backend: LocalBackend, handle: dict, timeout: float = 30.0):
 
 def _backend(tmp_path: Path, pattern, scale: float = 600.0) -> tuple[LocalBackend, object]:
     trace = scripted_trace(tmp_path / "m.json", pattern)
-    b = LocalBackend(trace=str(trace), polarity="available", time_scale=scale, work_dir=str(tmp_path / "runs"),
-                     notice_s=0.2, grace_s=1.0)
+    b = LocalBackend(
+        trace=str(trace),
+        polarity="available",
+        time_scale=scale,
+        work_dir=str(tmp_path / "runs"),
+        notice_s=0.2,
+        grace_s=1.0,
+    )
     return b, b.market_spec(time.time())
 
 
@@ -39,8 +45,15 @@ SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
 def test_spot_launch_waits_for_capacity_then_runs(tmp_path: Path) -> None:
     """A spot launch while spot is down waits (state waiting), then starts when spot returns."""
     b, market = _backend(tmp_path, [(False, 2), (True, 100)])  # down for 2 s at 600x
-    h = b.launch("job", 1, "spot", [sys.executable, "-c", "print('ok')"], checkpoint_uri=str(tmp_path / "c"),
-                 changeover_wall_s=0.1, market=market)
+    h = b.launch(
+        "job",
+        1,
+        "spot",
+        [sys.executable, "-c", "print('ok')"],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.1,
+        market=market,
+    )
     time.sleep(0.5)
     assert b.status(h).state.value == "waiting"
     st = _wait(b, h)
@@ -51,11 +64,20 @@ def test_spot_launch_waits_for_capacity_then_runs(tmp_path: Path) -> None:
 def test_preemption_sends_notice_then_sigterm(tmp_path: Path) -> None:
     """When spot goes away the notice file appears, the process gets SIGTERM, the verdict is preempted."""
     b, market = _backend(tmp_path, [(True, 2), (False, 100)])
-    code = ("import signal, sys, time, os\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (open('term', 'w').write(str(os.path.exists(os.environ['AIRFLOW_SPOT_NOTICE_FILE']))), sys.exit(143)))\n"
-            "while True: time.sleep(0.01)")
-    h = b.launch("job", 1, "spot", [sys.executable, "-c", code], checkpoint_uri=str(tmp_path / "c"),
-                 changeover_wall_s=0.1, market=market)
+    code = (
+        "import signal, sys, time, os\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (open('term', 'w').write(str(os.path.exists(os.environ['AIRFLOW_SPOT_NOTICE_FILE']))), sys.exit(143)))\n"
+        "while True: time.sleep(0.01)"
+    )
+    h = b.launch(
+        "job",
+        1,
+        "spot",
+        [sys.executable, "-c", code],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.1,
+        market=market,
+    )
     st = _wait(b, h)
     assert st.outcome is Outcome.PREEMPTED
     assert st.exit_code == 143
@@ -66,8 +88,15 @@ def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
     """A process that ignores SIGTERM is SIGKILLed after the grace period; still a preemption."""
     b, market = _backend(tmp_path, [(True, 2), (False, 100)])
     code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.01)"
-    h = b.launch("job", 1, "spot", [sys.executable, "-c", code], checkpoint_uri=str(tmp_path / "c"),
-                 changeover_wall_s=0.1, market=market)
+    h = b.launch(
+        "job",
+        1,
+        "spot",
+        [sys.executable, "-c", code],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.1,
+        market=market,
+    )
     st = _wait(b, h)
     assert st.outcome is Outcome.PREEMPTED and st.exit_code == -9
 
@@ -75,8 +104,15 @@ def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
 def test_nonzero_exit_on_healthy_capacity_is_an_application_failure(tmp_path: Path) -> None:
     """Exit 2 on on-demand is an application failure, never a preemption."""
     b, market = _backend(tmp_path, [(False, 100)])
-    h = b.launch("job", 1, "on_demand", [sys.executable, "-c", "raise SystemExit(2)"], checkpoint_uri=str(tmp_path / "c"),
-                 changeover_wall_s=0.0, market=market)
+    h = b.launch(
+        "job",
+        1,
+        "on_demand",
+        [sys.executable, "-c", "raise SystemExit(2)"],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.0,
+        market=market,
+    )
     st = _wait(b, h)
     assert st.outcome is Outcome.APP_FAILURE and st.exit_code == 2
 
@@ -84,17 +120,30 @@ def test_nonzero_exit_on_healthy_capacity_is_an_application_failure(tmp_path: Pa
 def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
     """Cancel stops the supervisor, the command and the command's own children."""
     b, market = _backend(tmp_path, [(True, 1000)])
-    code = ("import subprocess, sys, time\n"
-            "p = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.1)'])\n"
-            "open('child.pid', 'w').write(str(p.pid))\n"
-            "while True: time.sleep(0.1)")
-    h = b.launch("job", 1, "on_demand", [sys.executable, "-c", code], checkpoint_uri=str(tmp_path / "c"),
-                 changeover_wall_s=0.0, market=market)
+    code = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.1)'])\n"
+        "open('child.pid', 'w').write(str(p.pid))\n"
+        "while True: time.sleep(0.1)"
+    )
+    h = b.launch(
+        "job",
+        1,
+        "on_demand",
+        [sys.executable, "-c", code],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.0,
+        market=market,
+    )
     h_dir = Path(h["run_dir"])
     spec = json.loads((h_dir / "spec.json").read_text())
     assert spec["env"]["AIRFLOW_SPOT_CAPACITY"] == "on_demand"
     until = time.time() + 10
-    while time.time() < until and not list(Path.cwd().glob("child.pid")) and not (h_dir / "status.json").exists():
+    while (
+        time.time() < until
+        and not list(Path.cwd().glob("child.pid"))
+        and not (h_dir / "status.json").exists()
+    ):
         time.sleep(0.05)
     time.sleep(1.0)
     raw = json.loads((h_dir / "status.json").read_text())

@@ -70,10 +70,15 @@ def test_retention_keeps_the_last_k(tmp_path: Path) -> None:
     for step in (5, 10, 15, 20):
         c.save(step, {"w": str(step).encode()}, now=step)
     assert c.manifests() == ["ckpt-000000000020", "ckpt-000000000015"]
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["ckpt-000000000015", "ckpt-000000000020"]
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        "ckpt-000000000015",
+        "ckpt-000000000020",
+    ]
 
 
-@pytest.mark.parametrize("name", ["../escape", "/etc/passwd", "a/../../b", "", "a//b", "weird name"])
+@pytest.mark.parametrize(
+    "name", ["../escape", "/etc/passwd", "a/../../b", "", "a//b", "weird name"]
+)
 def test_keys_never_escape_the_prefix(tmp_path: Path, name: str) -> None:
     """A file name with '..', an absolute path or odd characters is refused on save."""
     with pytest.raises(CheckpointError, match="unsafe checkpoint key"):
@@ -119,15 +124,25 @@ c.save(20, {"w1": b"c", "w2": b"d"}, now=2)
 
 def test_sigkill_during_a_save_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
     """A process SIGKILLed in the middle of writing checkpoint 20 leaves checkpoint 10 as the one to resume from."""
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(tmp_path / "c")], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SAVE, str(tmp_path / "c")], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "mid-save"  # first save (10) sleeps after w2 too
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     c = _ckpts(tmp_path)
     assert c.latest_valid() is None or c.latest_valid().step < 20
     # run again: 10 completes, 20 is cut in the middle
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE.replace('key.endswith("/w2")', 'key == "ckpt-000000000020/w2"'),
-                             str(tmp_path / "c")], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SLOW_SAVE.replace('key.endswith("/w2")', 'key == "ckpt-000000000020/w2"'),
+            str(tmp_path / "c"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "mid-save"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -141,8 +156,8 @@ def test_training_session_saves_on_sigterm_and_exits(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import time
         from airflow_spot.checkpoint.training import TrainingSession
-        s = TrainingSession({str(tmp_path / 'c')!r}, total_steps=10_000, save_every=1000,
-                            progress_file={str(tmp_path / 'p.json')!r})
+        s = TrainingSession({str(tmp_path / "c")!r}, total_steps=10_000, save_every=1000,
+                            progress_file={str(tmp_path / "p.json")!r})
         s.install_signal_handler()
         for step in range(10_000):
             time.sleep(0.01)
@@ -163,7 +178,9 @@ def test_training_session_saves_on_sigterm_and_exits(tmp_path: Path) -> None:
 def test_notice_file_triggers_a_save(tmp_path: Path) -> None:
     """The backend's notice file makes the next step save and exit."""
     notice = tmp_path / "NOTICE"
-    s = TrainingSession(str(tmp_path / "c"), total_steps=100, save_every=50, notice_file=str(notice))
+    s = TrainingSession(
+        str(tmp_path / "c"), total_steps=100, save_every=50, notice_file=str(notice)
+    )
     assert s.step_done(3, lambda: {"w": b"3"}) is None
     notice.write_text("{}")
     with pytest.raises(SystemExit) as e:

@@ -22,8 +22,12 @@ def s3_server():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="spot-ckpt")
@@ -49,17 +53,36 @@ def test_s3_round_trip_retention_and_corruption(s3_server) -> None:
     store.put("ckpt-000000000030/weights.npy", b"corrupted")
     m = c.latest_valid()
     assert m.step == 20 and c.load(m) == {"weights.npy": b"w20"}
-    raw = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"]).list_objects_v2(Bucket="spot-ckpt", Prefix="jobs/run-1/")
+    raw = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"]).list_objects_v2(
+        Bucket="spot-ckpt", Prefix="jobs/run-1/"
+    )
     assert all(o["Key"].startswith("jobs/run-1/ckpt-") for o in raw["Contents"])
 
 
 def test_training_resumes_from_s3(s3_server, tmp_path: Path) -> None:
     """The example training job checkpoints to S3 and a second run resumes from it to the same model."""
     env = {**os.environ, **s3_server}
-    args = [sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", "40", "--save-every", "10", "--seed", "3"]
-    subprocess.run(args + ["--checkpoint-uri", "s3://spot-ckpt/resume"], env=env, check=True, capture_output=True)
+    args = [
+        sys.executable,
+        "-m",
+        "airflow_spot.examples.train_logreg",
+        "--steps",
+        "40",
+        "--save-every",
+        "10",
+        "--seed",
+        "3",
+    ]
+    subprocess.run(
+        args + ["--checkpoint-uri", "s3://spot-ckpt/resume"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     c = Checkpoints(open_store("s3://spot-ckpt/resume"))
     assert c.latest_valid().step == 40
-    subprocess.run(args + ["--checkpoint-uri", str(tmp_path / "local")], check=True, capture_output=True)
+    subprocess.run(
+        args + ["--checkpoint-uri", str(tmp_path / "local")], check=True, capture_output=True
+    )
     local = Checkpoints(open_store(str(tmp_path / "local")))
     assert c.load(c.latest_valid()) == local.load(local.latest_valid())

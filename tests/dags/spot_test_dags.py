@@ -19,11 +19,24 @@ START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def _train(steps: int) -> list[str]:
-    return [sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", str(steps),
-            "--step-seconds", "0.05", "--save-every", "5", "--seed", "7"]
+    return [
+        sys.executable,
+        "-m",
+        "airflow_spot.examples.train_logreg",
+        "--steps",
+        str(steps),
+        "--step-seconds",
+        "0.05",
+        "--save-every",
+        "5",
+        "--seed",
+        "7",
+    ]
 
 
-with DAG("spot_test_preemptions", schedule=None, start_date=START, catchup=False) as preemptions_dag:
+with DAG(
+    "spot_test_preemptions", schedule=None, start_date=START, catchup=False
+) as preemptions_dag:
     SpotTrainingOperator(
         task_id="train",
         command=_train(STEPS),
@@ -34,8 +47,14 @@ with DAG("spot_test_preemptions", schedule=None, start_date=START, catchup=False
         changeover=timedelta(seconds=0.1),
         policy=os.environ.get("SPOT_TEST_POLICY", "deadline_aware"),
         max_failures=0,
-        backend=LocalBackend(trace=TRACE, polarity="available", time_scale=SCALE, work_dir=ROOT + "/runs",
-                             notice_s=0.1, grace_s=2.0),
+        backend=LocalBackend(
+            trace=TRACE,
+            polarity="available",
+            time_scale=SCALE,
+            work_dir=ROOT + "/runs",
+            notice_s=0.1,
+            grace_s=2.0,
+        ),
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,
     )
@@ -43,7 +62,11 @@ with DAG("spot_test_preemptions", schedule=None, start_date=START, catchup=False
 with DAG("spot_test_failures", schedule=None, start_date=START, catchup=False) as failures_dag:
     SpotTrainingOperator(
         task_id="train",
-        command=[sys.executable, "-c", "import sys; print('boom: bad hyper-parameter'); sys.exit(3)"],
+        command=[
+            sys.executable,
+            "-c",
+            "import sys; print('boom: bad hyper-parameter'); sys.exit(3)",
+        ],
         checkpoint_uri=ROOT + "/ckpt-fail",
         expected_compute=timedelta(seconds=5),
         total_steps=10,
@@ -51,7 +74,9 @@ with DAG("spot_test_failures", schedule=None, start_date=START, catchup=False) a
         changeover=timedelta(seconds=0.1),
         max_failures=1,
         max_preemptions=5,
-        backend=LocalBackend(trace=TRACE, polarity="available", time_scale=3600.0, work_dir=ROOT + "/runs"),
+        backend=LocalBackend(
+            trace=TRACE, polarity="available", time_scale=3600.0, work_dir=ROOT + "/runs"
+        ),
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,
     )

@@ -16,18 +16,30 @@ pytestmark = pytest.mark.usefixtures("airflow_db")
 
 # spot up 1.5 h, down 10 min, three times; up 1 h; then down 5 h (forces on-demand); then up.
 # At 1800 trace seconds per second the job is 5 market hours of compute with an 8.5 h deadline.
-MARKET = [(True, 9), (False, 1), (True, 9), (False, 1), (True, 9), (False, 1), (True, 6), (False, 30), (True, 200)]
+MARKET = [
+    (True, 9),
+    (False, 1),
+    (True, 9),
+    (False, 1),
+    (True, 9),
+    (False, 1),
+    (True, 6),
+    (False, 30),
+    (True, 200),
+]
 
 
 def _state(dag_id: str, run_id: str) -> dict:
-    from sqlalchemy import select
-
     from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as s:
-        row = s.scalars(select(TaskStateStoreModel).where(TaskStateStoreModel.dag_id == dag_id,
-                                                          TaskStateStoreModel.run_id == run_id)).first()
+        row = s.scalars(
+            select(TaskStateStoreModel).where(
+                TaskStateStoreModel.dag_id == dag_id, TaskStateStoreModel.run_id == run_id
+            )
+        ).first()
         return json.loads(row.value)
 
 
@@ -51,8 +63,14 @@ def test_preemptions_resume_and_fallback_meet_the_deadline(monkeypatch, tmp_path
     """>= 3 preemptions and a deadline tight enough to force on-demand: done on time, and the
     final model is bit-identical to an uninterrupted run with the same seed."""
     trace = scripted_trace(tmp_path / "market.json", MARKET)
-    dag, dr = _run(monkeypatch, tmp_path, "preemptions_dag", SPOT_TEST_TRACE=str(trace), SPOT_TEST_DEADLINE_S="17",
-                   SPOT_TEST_POLICY="greedy")
+    dag, dr = _run(
+        monkeypatch,
+        tmp_path,
+        "preemptions_dag",
+        SPOT_TEST_TRACE=str(trace),
+        SPOT_TEST_DEADLINE_S="17",
+        SPOT_TEST_POLICY="greedy",
+    )
     assert dr.state == "success"
     st = _state(dag.dag_id, dr.run_id)
     summary = st["finished"]
@@ -65,12 +83,29 @@ def test_preemptions_resume_and_fallback_meet_the_deadline(monkeypatch, tmp_path
     assert 0 < summary["cost"] < summary["on_demand_cost"]
     # the same model as an uninterrupted run
     ref = tmp_path / "reference-ckpt"
-    subprocess.run([sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", "200", "--save-every", "5",
-                    "--seed", "7", "--checkpoint-uri", str(ref)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airflow_spot.examples.train_logreg",
+            "--steps",
+            "200",
+            "--save-every",
+            "5",
+            "--seed",
+            "7",
+            "--checkpoint-uri",
+            str(ref),
+        ],
+        check=True,
+        capture_output=True,
+    )
     final = Path(summary["final_checkpoint"]["uri"]) / "weights.npy"
     assert final.read_bytes() == (ref / "ckpt-000000000200" / "weights.npy").read_bytes()
     # nothing left running
-    out = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True
+    ).stdout
     assert out.strip() == ""
 
 

@@ -16,7 +16,6 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
-from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
 
@@ -37,7 +36,11 @@ def build(root, trace, deferrable):
 
 
 def _supervisors(root: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"airflow_spot.backends.local.supervisor {root}"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-f", f"airflow_spot.backends.local.supervisor {root}"],
+        capture_output=True,
+        text=True,
+    )
     return [int(p) for p in out.stdout.split()]
 
 
@@ -60,12 +63,18 @@ def test_killed_worker_reattaches_then_never_adopts_a_dead_attempt(tmp_path: Pat
     root = str(tmp_path)
     trace = str(scripted_trace(tmp_path / "market.json", [(True, 5000)]))
     store_path = tmp_path / "state.json"
-    worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys; sys.path.insert(0, {root!r})
         from op_factory import build
         from airflow_spot.testing import FileTaskStateStore, make_context
         build({root!r}, {trace!r}, False).execute(make_context(FileTaskStateStore({str(store_path)!r})))
-    """)])
+    """),
+        ]
+    )
     store = FileTaskStateStore(store_path)
     deadline = time.time() + 30
     while time.time() < deadline:

@@ -11,8 +11,12 @@ from airflow_spot.exceptions import ConfigError, UnknownPolicy
 from airflow_spot.operators import SpotTrainingOperator
 
 OK = dict(
-    task_id="t", command=["python", "train.py"], checkpoint_uri="/tmp/ckpt", expected_compute=timedelta(hours=4),
-    total_steps=100, deadline=timedelta(hours=6),
+    task_id="t",
+    command=["python", "train.py"],
+    checkpoint_uri="/tmp/ckpt",
+    expected_compute=timedelta(hours=4),
+    total_steps=100,
+    deadline=timedelta(hours=6),
 )
 
 
@@ -55,13 +59,19 @@ def test_unknown_policy_is_an_unknown_policy_error() -> None:
 
 def test_templated_values_are_checked_when_the_task_starts() -> None:
     """A templated deadline passes parsing and is checked once rendered, naming the field."""
-    op = SpotTrainingOperator(**{**OK, "deadline": "{{ params.deadline }}", "checkpoint_uri": "{{ params.uri }}"})
+    op = SpotTrainingOperator(
+        **{**OK, "deadline": "{{ params.deadline }}", "checkpoint_uri": "{{ params.uri }}"}
+    )
     now = datetime(2026, 6, 1, tzinfo=timezone.utc).timestamp()
     op.deadline = "2026-05-01T00:00:00+00:00"  # as rendered: in the past
-    with pytest.raises(ConfigError, match="deadline: 2026-05-01T00:00:00\\+00:00 is already in the past"):
+    with pytest.raises(
+        ConfigError, match="deadline: 2026-05-01T00:00:00\\+00:00 is already in the past"
+    ):
         op._resolve_deadline(now)
     op.deadline = "2h"
-    with pytest.raises(ConfigError, match="deadline: 2.00 h from the start is shorter than the work"):
+    with pytest.raises(
+        ConfigError, match="deadline: 2.00 h from the start is shorter than the work"
+    ):
         op._resolve_deadline(now)
     op.deadline = "whenever"
     with pytest.raises(ConfigError, match="neither an ISO datetime nor a duration"):

@@ -34,7 +34,9 @@ def test_invalid_values_name_the_field(field: str, value: float) -> None:
 
 def test_deadline_before_work_is_rejected() -> None:
     """A deadline shorter than the work is rejected naming deadline_s and both figures."""
-    with pytest.raises(InvalidJobSpec, match=r"deadline_s: the deadline \(40.00 h\) is before .* \(48.00 h"):
+    with pytest.raises(
+        InvalidJobSpec, match=r"deadline_s: the deadline \(40.00 h\) is before .* \(48.00 h"
+    ):
         JobSpec(**{**OK, "deadline_s": 40 * HOUR})
 
 

@@ -16,7 +16,9 @@ SAFE = ["on_demand", "greedy", "uniform_progress", "last_attempt_on_demand", "de
 
 
 def obs(now_h: float, done_h: float, cap: Capacity = NONE, spot: bool = True, **kw) -> Observation:
-    return Observation(now=now_h * HOUR, done_s=done_h * HOUR, capacity=cap, spot_available=spot, **kw)
+    return Observation(
+        now=now_h * HOUR, done_s=done_h * HOUR, capacity=cap, spot_available=spot, **kw
+    )
 
 
 def test_registry_lists_every_policy() -> None:
@@ -26,7 +28,9 @@ def test_registry_lists_every_policy() -> None:
 
 def test_unknown_policy_names_the_choices() -> None:
     """An unknown name raises UnknownPolicy naming the field and the valid names."""
-    with pytest.raises(UnknownPolicy, match=r"policy: unknown policy 'cheapest'; choose one of .*deadline_aware"):
+    with pytest.raises(
+        UnknownPolicy, match=r"policy: unknown policy 'cheapest'; choose one of .*deadline_aware"
+    ):
         get_policy("cheapest")
 
 
@@ -45,8 +49,14 @@ def test_unknown_policy_names_the_choices() -> None:
         ("last_attempt_on_demand", obs(5, 4, preemptions=3), OD),
         ("deadline_aware", obs(1, 1, spot=False), NONE),  # slack 11 h well above the reserve
         ("deadline_aware", obs(30, 22, spot=False), OD),  # slack 4 h below the reserve
-        ("deadline_aware", obs(30, 22, OD, spot=False), OD),  # never leave on-demand while spot is down
-        ("deadline_aware", obs(10, 9, OD, spot=True), SPOT),
+        (
+            "deadline_aware",
+            obs(30, 22, OD, spot=False),
+            OD,
+        ),  # never leave on-demand while spot is down
+        ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=3600), SPOT),
+        ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=0), OD),  # spot just came back: let it settle
+        ("deadline_aware", obs(40, 47.5, OD, spot=True, spot_age_s=3600), OD),  # last changeovers of work: finish
     ],
 )
 def test_policy_rules(policy: str, observation: Observation, expected: Capacity) -> None:
@@ -63,7 +73,12 @@ def test_done_job_idles() -> None:
 def test_every_decision_has_a_readable_reason() -> None:
     """Every decision's reason is a sentence with its figures filled in."""
     for name in SAFE:
-        for o in (obs(1, 1), obs(1, 1, spot=False), obs(30, 22, spot=False), obs(11.5, 0.5, spot=False)):
+        for o in (
+            obs(1, 1),
+            obs(1, 1, spot=False),
+            obs(30, 22, spot=False),
+            obs(11.5, 0.5, spot=False),
+        ):
             reason = get_policy(name).decide(JOB, o).reason
             assert len(reason) > 10 and "{" not in reason
 

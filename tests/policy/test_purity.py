@@ -10,14 +10,18 @@ import pytest
 FORBIDDEN = ("airflow", "kubernetes", "kubernetes_asyncio", "boto3", "botocore", "numpy")
 
 
-@pytest.mark.parametrize("module", ["airflow_spot.policy", "airflow_spot.ledger", "airflow_spot.exceptions"])
+@pytest.mark.parametrize(
+    "module", ["airflow_spot.policy", "airflow_spot.ledger", "airflow_spot.exceptions"]
+)
 def test_core_imports_no_airflow_kubernetes_boto3(module: str) -> None:
     """Importing a core module loads none of Airflow, Kubernetes, boto3 or numpy."""
     code = (
         f"import sys, {module}; "
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r}); print(','.join(bad))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "", f"{module} pulled in {out}"
 
 

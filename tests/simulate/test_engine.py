@@ -19,14 +19,18 @@ SETTINGS = [(52, 0.2), (60, 0.2), (80, 0.2), (60, 0.02), (60, 0.5)]
 @pytest.fixture(scope="module")
 def windows() -> list[Trace]:
     return load_traces(
-        [bundled("cant-be-late/us-west-2a_k80_1"), bundled("cant-be-late/us-west-2a_v100_1")], polarity="unavailable"
+        [bundled("cant-be-late/us-west-2a_k80_1"), bundled("cant-be-late/us-west-2a_v100_1")],
+        polarity="unavailable",
     )
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
     with bundled("cant-be-late/reference_results_sample.csv").open() as fh:
-        return {(r["env"], r["idx"], float(r["deadline_h"]), float(r["overhead_h"])): r for r in csv.DictReader(fh)}
+        return {
+            (r["env"], r["idx"], float(r["deadline_h"]), float(r["overhead_h"])): r
+            for r in csv.DictReader(fh)
+        }
 
 
 def _job(dl: float, co: float) -> JobSpec:
@@ -51,11 +55,17 @@ def test_replay_matches_reference(windows, reference, policy, column, deadline, 
 def test_omniscient_matches_reference(windows, reference, deadline, changeover) -> None:
     """The omniscient DP equals the reference optimum on every bundled window."""
     costs = omniscient_costs(np.stack([t.available for t in windows]), _job(deadline, changeover))
-    want = [float(reference[(*t.name.split("/"), float(deadline), changeover)]["omniscient_cost"]) for t in windows]
+    want = [
+        float(reference[(*t.name.split("/"), float(deadline), changeover)]["omniscient_cost"])
+        for t in windows
+    ]
     assert costs == pytest.approx(want, rel=1e-3)
 
 
-@pytest.mark.parametrize("policy", ["greedy", "uniform_progress", "deadline_aware", "last_attempt_on_demand", "on_demand"])
+@pytest.mark.parametrize(
+    "policy",
+    ["greedy", "uniform_progress", "deadline_aware", "last_attempt_on_demand", "on_demand"],
+)
 def test_no_online_policy_beats_the_optimum(windows, policy) -> None:
     """Omniscient is a lower bound of every online policy on every window."""
     job = _job(56, 0.2)

@@ -14,7 +14,11 @@ from airflow_spot.simulate.traces import bundled, load_trace, load_traces
 
 def _json(tmp_path: Path, data, name="t.json", **extra) -> Path:
     p = tmp_path / name
-    p.write_text(json.dumps({"metadata": {"gap_seconds": 600, **extra.pop("meta", {})}, "data": data, **extra}))
+    p.write_text(
+        json.dumps(
+            {"metadata": {"gap_seconds": 600, **extra.pop("meta", {})}, "data": data, **extra}
+        )
+    )
     return p
 
 
@@ -35,7 +39,9 @@ def test_both_polarities(tmp_path: Path) -> None:
 
 def test_polarity_is_required_for_01_json(tmp_path: Path) -> None:
     """A 0/1 JSON without a polarity is ambiguous: the error says what to pass."""
-    with pytest.raises(TraceFormatError, match="polarity: .*'available' \\(1 = spot up\\) or 'unavailable'"):
+    with pytest.raises(
+        TraceFormatError, match="polarity: .*'available' \\(1 = spot up\\) or 'unavailable'"
+    ):
         load_trace(_json(tmp_path, [1, 0]))
 
 
@@ -57,8 +63,19 @@ def test_prices_and_on_demand_price_are_read() -> None:
 def test_timestamped_csv_is_resampled(tmp_path: Path) -> None:
     """Probes ~195 s apart become 600 s ticks that are up only if every probe in them was."""
     p = tmp_path / "zone_v100_1.csv"
-    rows = ["date,availability"] + [f"2023-02-15 00:{m:02d}:{s:02d},{v}" for m, s, v in
-            [(0, 0, 1), (3, 15, 1), (6, 30, 1), (9, 45, 0), (13, 0, 1), (16, 15, 1), (19, 30, 1), (22, 45, 1)]]
+    rows = ["date,availability"] + [
+        f"2023-02-15 00:{m:02d}:{s:02d},{v}"
+        for m, s, v in [
+            (0, 0, 1),
+            (3, 15, 1),
+            (6, 30, 1),
+            (9, 45, 0),
+            (13, 0, 1),
+            (16, 15, 1),
+            (19, 30, 1),
+            (22, 45, 1),
+        ]
+    ]
     p.write_text("\n".join(rows) + "\n")
     (tmp_path / "spot_prices.json").write_text(json.dumps({"zone_v100_1": [1.0] * 4 + [2.0] * 4}))
     t = load_trace(p, gap_s=600)
@@ -78,7 +95,9 @@ def test_timestamped_csv_is_resampled(tmp_path: Path) -> None:
         ("x", "g.txt", "expected a .json or .csv trace"),
     ],
 )
-def test_malformed_files_say_what_was_expected(tmp_path: Path, content: str, name: str, message: str) -> None:
+def test_malformed_files_say_what_was_expected(
+    tmp_path: Path, content: str, name: str, message: str
+) -> None:
     """A malformed trace file raises TraceFormatError describing the expected format."""
     p = tmp_path / name
     p.write_text(content)
@@ -89,5 +108,9 @@ def test_malformed_files_say_what_was_expected(tmp_path: Path, content: str, nam
 def test_folder_loads_in_natural_order() -> None:
     """A folder of windows loads 0, 1, 2, ..., 10, 11 and names each by folder and stem."""
     ts = load_traces([bundled("cant-be-late/us-west-2a_v100_1")], polarity="unavailable")
-    assert [t.name for t in ts][:3] == ["us-west-2a_v100_1/0", "us-west-2a_v100_1/1", "us-west-2a_v100_1/2"]
+    assert [t.name for t in ts][:3] == [
+        "us-west-2a_v100_1/0",
+        "us-west-2a_v100_1/1",
+        "us-west-2a_v100_1/2",
+    ]
     assert ts[-1].name == "us-west-2a_v100_1/11"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_spot.testing import scripted_trace
 from airflow_spot.triggers.events import EventKind, SpotEvent
 from airflow_spot.triggers.local import LocalAttemptTrigger, SpotPollingTrigger
-from airflow_spot.testing import scripted_trace
 
 ALL_TRIGGERS = [LocalAttemptTrigger]
 
@@ -30,8 +30,15 @@ def test_every_trigger_is_listed_here() -> None:
 @pytest.mark.parametrize("cls", ALL_TRIGGERS)
 def test_trigger_round_trips_through_serialisation(cls, tmp_path: Path) -> None:
     """serialize() gives an importable classpath and kwargs that rebuild an equal trigger."""
-    market = {"trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])), "polarity": "available", "nodes": None,
-              "time_scale": 3600.0, "epoch": 1.0, "offset": 0, "spot_price": None}
+    market = {
+        "trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])),
+        "polarity": "available",
+        "nodes": None,
+        "time_scale": 3600.0,
+        "epoch": 1.0,
+        "offset": 0,
+        "spot_price": None,
+    }
     trigger = cls(handle=None, market=market, spot_was=True, wake_at=123.0, poll_interval=0.5)
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
@@ -43,29 +50,53 @@ def _run_first(trigger) -> SpotEvent:
     async def first():
         async for ev in trigger.run():
             return ev
+
     return SpotEvent.from_payload(asyncio.run(first()).payload)
 
 
 def test_market_change_wakes_the_operator(tmp_path: Path) -> None:
     """While idle, spot coming back yields a MARKET_CHANGED event."""
-    market = {"trace": str(scripted_trace(tmp_path / "m.json", [(False, 3), (True, 10)])), "polarity": "available",
-              "time_scale": 3600.0, "epoch": time.time(), "offset": 0}
-    ev = _run_first(LocalAttemptTrigger(handle=None, market=market, spot_was=False, wake_at=time.time() + 60, poll_interval=0.05))
+    market = {
+        "trace": str(scripted_trace(tmp_path / "m.json", [(False, 3), (True, 10)])),
+        "polarity": "available",
+        "time_scale": 3600.0,
+        "epoch": time.time(),
+        "offset": 0,
+    }
+    ev = _run_first(
+        LocalAttemptTrigger(
+            handle=None, market=market, spot_was=False, wake_at=time.time() + 60, poll_interval=0.05
+        )
+    )
     assert ev.kind is EventKind.MARKET_CHANGED and ev.spot_available is True
 
 
 def test_tick_wakes_the_operator_when_nothing_happens(tmp_path: Path) -> None:
     """With nothing happening, the decision interval yields a TICK."""
-    market = {"trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])), "polarity": "available",
-              "time_scale": 1.0, "epoch": time.time(), "offset": 0}
-    ev = _run_first(LocalAttemptTrigger(handle=None, market=market, spot_was=True, wake_at=time.time() + 0.2, poll_interval=0.05))
+    market = {
+        "trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])),
+        "polarity": "available",
+        "time_scale": 1.0,
+        "epoch": time.time(),
+        "offset": 0,
+    }
+    ev = _run_first(
+        LocalAttemptTrigger(
+            handle=None, market=market, spot_was=True, wake_at=time.time() + 0.2, poll_interval=0.05
+        )
+    )
     assert ev.kind is EventKind.TICK
 
 
 def test_watcher_failure_becomes_an_error_event(tmp_path: Path) -> None:
     """A broken attempt handle yields an ERROR event instead of killing the trigger."""
-    trig = LocalAttemptTrigger(handle={"run_dir": str(tmp_path / "missing")}, market=None, spot_was=None,
-                               wake_at=time.time() + 60, poll_interval=0.05)
+    trig = LocalAttemptTrigger(
+        handle={"run_dir": str(tmp_path / "missing")},
+        market=None,
+        spot_was=None,
+        wake_at=time.time() + 60,
+        poll_interval=0.05,
+    )
     ev = _run_first(trig)
     assert ev.kind is EventKind.ERROR and "missing" in ev.message
 
@@ -97,9 +128,16 @@ def test_operator_handles_every_event_kind(kind: EventKind, tmp_path: Path) -> N
 
     trace = str(scripted_trace(tmp_path / "m.json", [(False, 1000)]))
     op = SpotTrainingOperator(
-        task_id="t", command=["true"], checkpoint_uri=str(tmp_path / "ckpt"), expected_compute=timedelta(hours=1),
-        total_steps=10, deadline=timedelta(hours=10), policy="greedy",
-        backend=LocalBackend(trace=trace, polarity="available", time_scale=1.0, work_dir=str(tmp_path / "runs")),
+        task_id="t",
+        command=["true"],
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        expected_compute=timedelta(hours=1),
+        total_steps=10,
+        deadline=timedelta(hours=10),
+        policy="greedy",
+        backend=LocalBackend(
+            trace=trace, polarity="available", time_scale=1.0, work_dir=str(tmp_path / "runs")
+        ),
     )
     ctx = make_context(FileTaskStateStore(tmp_path / "state.json"))
     with pytest.raises(TaskDeferred):

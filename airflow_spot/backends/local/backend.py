@@ -3,6 +3,7 @@ spot capacity replayed from a real trace (see :mod:`.market`, :mod:`.supervisor`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,7 +51,10 @@ class LocalBackend:
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
-            raise ConfigError("backend.time_scale", f"must be > 0 (trace seconds per wall second), got {self.time_scale}")
+            raise ConfigError(
+                "backend.time_scale",
+                f"must be > 0 (trace seconds per wall second), got {self.time_scale}",
+            )
         if self.notice_s < 0 or self.grace_s < 0:
             raise ConfigError("backend.grace_s", "notice_s and grace_s must be >= 0 seconds")
 
@@ -65,7 +69,9 @@ class LocalBackend:
         return name
 
     def market_spec(self, epoch: float) -> MarketSpec:
-        return MarketSpec(self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset)
+        return MarketSpec(
+            self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset
+        )
 
     def root(self) -> Path:
         if self.work_dir:
@@ -73,18 +79,36 @@ class LocalBackend:
         return Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "spot_runs"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "local", "trace": self.trace, "polarity": self.polarity, "time_scale": self.time_scale,
-                "offset": self.offset, "notice_s": self.notice_s, "grace_s": self.grace_s, "work_dir": self.work_dir}
+        return {
+            "kind": "local",
+            "trace": self.trace,
+            "polarity": self.polarity,
+            "time_scale": self.time_scale,
+            "offset": self.offset,
+            "notice_s": self.notice_s,
+            "grace_s": self.grace_s,
+            "work_dir": self.work_dir,
+        }
 
     # -- attempts ---------------------------------------------------------------------------
     def launch(
-        self, run_key: str, attempt: int, capacity: str, command: list[str], *, checkpoint_uri: str,
-        changeover_wall_s: float, market: MarketSpec, env: dict[str, str] | None = None,
+        self,
+        run_key: str,
+        attempt: int,
+        capacity: str,
+        command: list[str],
+        *,
+        checkpoint_uri: str,
+        changeover_wall_s: float,
+        market: MarketSpec,
+        env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Start attempt ``attempt`` under a detached supervisor; returns its handle."""
         run_dir = self.root() / run_key / f"attempt-{attempt:03d}"
         if (run_dir / "spec.json").exists():
-            raise BackendError(f"{run_dir} already holds an attempt; refusing to start a second one")
+            raise BackendError(
+                f"{run_dir} already holds an attempt; refusing to start a second one"
+            )
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = {
             "attempt": attempt,
@@ -107,8 +131,16 @@ class LocalBackend:
         }
         (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
         subprocess.run(
-            [sys.executable, "-m", "airflow_spot.backends.local.supervisor", "--detach", str(run_dir)],
-            check=True, stdin=subprocess.DEVNULL, timeout=30,
+            [
+                sys.executable,
+                "-m",
+                "airflow_spot.backends.local.supervisor",
+                "--detach",
+                str(run_dir),
+            ],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
         )
         return {"run_dir": str(run_dir), "launched_at": time.time()}
 
@@ -130,7 +162,9 @@ class LocalBackend:
             return st
         raw = _raw(handle) or {}
         until = time.time() + STARTUP_GRACE_S
-        while not raw.get("supervisor_pid") and time.time() < until:  # just launched: wait for it to report
+        while (
+            not raw.get("supervisor_pid") and time.time() < until
+        ):  # just launched: wait for it to report
             time.sleep(0.02)
             raw = _raw(handle) or {}
         sup = raw.get("supervisor_pid")
@@ -147,10 +181,8 @@ class LocalBackend:
             time.sleep(0.05)  # let the supervisor exit after its verdict
         pgid = (_raw(handle) or {}).get("pgid")
         if pgid:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)  # belt and braces: nothing may survive a cancel
-            except (ProcessLookupError, PermissionError):
-                pass
         return read_status(handle)
 
 
@@ -176,14 +208,25 @@ def read_status(handle: dict[str, Any]) -> AttemptStatus:
         age = time.time() - float(handle.get("launched_at", 0))
         state = State.LAUNCHING if age < STARTUP_GRACE_S else State.ENDED
         outcome = None if state is State.LAUNCHING else Outcome.INFRA_DISRUPTION
-        return AttemptStatus(state, spec["capacity"], spec["attempt"], float(handle.get("launched_at", 0)),
-                             outcome=outcome, reason="" if outcome is None else "the supervisor never started")
+        return AttemptStatus(
+            state,
+            spec["capacity"],
+            spec["attempt"],
+            float(handle.get("launched_at", 0)),
+            outcome=outcome,
+            reason="" if outcome is None else "the supervisor never started",
+        )
     st = AttemptStatus.from_dict(raw)
     if not st.terminal and not _is_supervisor(raw.get("supervisor_pid", -1), handle["run_dir"]):
         # re-read: it may have finished between the two reads
         again = AttemptStatus.from_dict(_raw(handle) or raw)
         if again.terminal:
             return again
-        return replace(st, state=State.ENDED, outcome=Outcome.INFRA_DISRUPTION, ended_at=st.heartbeat or time.time(),
-                       reason="the attempt's supervisor is gone without a verdict (machine or process lost); never adopted")
+        return replace(
+            st,
+            state=State.ENDED,
+            outcome=Outcome.INFRA_DISRUPTION,
+            ended_at=st.heartbeat or time.time(),
+            reason="the attempt's supervisor is gone without a verdict (machine or process lost); never adopted",
+        )
     return st

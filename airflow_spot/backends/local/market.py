@@ -35,7 +35,13 @@ class MarketSpec:
 class ReplayMarket:
     """Answers "is spot up at wall time t?" and "when does that next change?"."""
 
-    def __init__(self, spec: MarketSpec, available: list[bool], gap_s: float, prices: list[float] | None = None) -> None:
+    def __init__(
+        self,
+        spec: MarketSpec,
+        available: list[bool],
+        gap_s: float,
+        prices: list[float] | None = None,
+    ) -> None:
         if not available:
             raise ValueError("empty market trace")
         self.spec = spec

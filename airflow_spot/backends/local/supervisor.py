@@ -16,6 +16,7 @@ outcome is ``cancelled``. Nothing is left running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,7 +44,11 @@ class Supervisor:
         self.run_dir = run_dir
         self.spec = json.loads((run_dir / "spec.json").read_text())
         self.capacity = self.spec["capacity"]
-        self.market = ReplayMarket.load(MarketSpec.from_dict(self.spec["market"])) if self.capacity == "spot" else None
+        self.market = (
+            ReplayMarket.load(MarketSpec.from_dict(self.spec["market"]))
+            if self.capacity == "spot"
+            else None
+        )
         self.status_path = run_dir / "status.json"
         self.notice_path = Path(self.spec["notice_file"])
         self.child: subprocess.Popen | None = None
@@ -62,9 +67,17 @@ class Supervisor:
         self.doc["heartbeat"] = time.time()
         write_json(self.status_path, self.doc)
 
-    def finish(self, outcome: Outcome, reason: str, exit_code: int | None = None, **evidence: Any) -> None:
-        self.publish(state=State.ENDED.value, outcome=outcome.value, reason=reason, exit_code=exit_code,
-                     ended_at=time.time(), evidence=evidence)
+    def finish(
+        self, outcome: Outcome, reason: str, exit_code: int | None = None, **evidence: Any
+    ) -> None:
+        self.publish(
+            state=State.ENDED.value,
+            outcome=outcome.value,
+            reason=reason,
+            exit_code=exit_code,
+            ended_at=time.time(),
+            evidence=evidence,
+        )
 
     def spot_up(self) -> bool:
         return self.market is None or self.market.available_at(time.time())
@@ -109,7 +122,12 @@ class Supervisor:
                 return False
             if not self.spot_up():
                 tick = self.market.tick_at(time.time()) if self.market else None
-                self.finish(Outcome.PREEMPTED, "spot capacity reclaimed during start-up", market_tick=tick, during="launch")
+                self.finish(
+                    Outcome.PREEMPTED,
+                    "spot capacity reclaimed during start-up",
+                    market_tick=tick,
+                    during="launch",
+                )
                 return False
             time.sleep(POLL_S)
         return True
@@ -118,10 +136,20 @@ class Supervisor:
         env = {**os.environ, **self.spec.get("env", {})}
         log = open(self.run_dir / "attempt.log", "ab")  # noqa: SIM115 - lives as long as the child
         self.child = subprocess.Popen(
-            self.spec["command"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=self.spec.get("cwd") or None,
+            self.spec["command"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.spec.get("cwd") or None,
         )
-        self.publish(state=State.RUNNING.value, started_at=time.time(), child_pid=self.child.pid, pgid=self.child.pid)
+        self.publish(
+            state=State.RUNNING.value,
+            started_at=time.time(),
+            child_pid=self.child.pid,
+            pgid=self.child.pid,
+        )
 
     def _watch(self) -> None:
         assert self.child is not None
@@ -138,9 +166,19 @@ class Supervisor:
                 return
             if notice_at is None and not self.spot_up():
                 notice_at = now
-                self.notice_path.write_text(json.dumps({"reason": "spot capacity reclaimed", "at": now}))
-                self.publish(state=State.PREEMPTING.value, notice_at=now, market_tick=self.market.tick_at(now) if self.market else None)
-            if notice_at is not None and term_at is None and now >= notice_at + float(self.spec.get("notice_s", 0.0)):
+                self.notice_path.write_text(
+                    json.dumps({"reason": "spot capacity reclaimed", "at": now})
+                )
+                self.publish(
+                    state=State.PREEMPTING.value,
+                    notice_at=now,
+                    market_tick=self.market.tick_at(now) if self.market else None,
+                )
+            if (
+                notice_at is not None
+                and term_at is None
+                and now >= notice_at + float(self.spec.get("notice_s", 0.0))
+            ):
                 term_at = now
                 self._kill_group(signal.SIGTERM)
             if term_at is not None and now >= term_at + float(self.spec.get("grace_s", 2.0)):
@@ -154,12 +192,25 @@ class Supervisor:
         if rc == 0:
             self.finish(Outcome.SUCCEEDED, "the training command exited 0", exit_code=0)
         elif notice_at is not None:
-            self.finish(Outcome.PREEMPTED, "spot capacity reclaimed (notice, SIGTERM, SIGKILL after grace)",
-                        exit_code=rc, market_tick=self.doc.get("market_tick"), notice_at=notice_at)
+            self.finish(
+                Outcome.PREEMPTED,
+                "spot capacity reclaimed (notice, SIGTERM, SIGKILL after grace)",
+                exit_code=rc,
+                market_tick=self.doc.get("market_tick"),
+                notice_at=notice_at,
+            )
         elif rc in (-signal.SIGKILL, OOM_EXIT):
-            self.finish(Outcome.APP_FAILURE, f"the training command was killed (exit {rc}) on healthy capacity", exit_code=rc)
+            self.finish(
+                Outcome.APP_FAILURE,
+                f"the training command was killed (exit {rc}) on healthy capacity",
+                exit_code=rc,
+            )
         else:
-            self.finish(Outcome.APP_FAILURE, f"the training command exited {rc} on healthy capacity", exit_code=rc)
+            self.finish(
+                Outcome.APP_FAILURE,
+                f"the training command exited {rc} on healthy capacity",
+                exit_code=rc,
+            )
 
     def _stop_child(self, grace_s: float) -> None:
         if self.child is None or self.child.poll() is not None:
@@ -175,10 +226,8 @@ class Supervisor:
     def _kill_group(self, sig: int) -> None:
         if self.child is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def main(argv: list[str]) -> int:
@@ -186,8 +235,10 @@ def main(argv: list[str]) -> int:
         # first stage: start the real supervisor in a new session and return at once
         subprocess.Popen(
             [sys.executable, "-m", "airflow_spot.backends.local.supervisor", argv[2]],
-            start_new_session=True, stdin=subprocess.DEVNULL,
-            stdout=open(Path(argv[2]) / "supervisor.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=open(Path(argv[2]) / "supervisor.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
             close_fds=True,
         )
         return 0
