@@ -37,7 +37,9 @@ ENV = {
     "progress_file": "AIRFLOW_SPOT_PROGRESS_FILE",
     "capacity": "AIRFLOW_SPOT_CAPACITY",
     "attempt": "AIRFLOW_SPOT_ATTEMPT",
+    "notice_annotations": "AIRFLOW_SPOT_NOTICE_ANNOTATIONS",  # Kubernetes: downward-API annotations file
 }
+NOTICE_ANNOTATION = "airflow-spot/preemption-notice"
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: "stopped on request after saving"
 
 
@@ -53,6 +55,7 @@ class TrainingSession:
         keep: int = 3,
         notice_file: str | None = None,
         progress_file: str | None = None,
+        annotations_file: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if total_steps < 1 or save_every < 1:
@@ -62,6 +65,7 @@ class TrainingSession:
         self.save_every = save_every
         self.notice_file = Path(notice_file) if notice_file else None
         self.progress_file = Path(progress_file) if progress_file else None
+        self.annotations_file = Path(annotations_file) if annotations_file else None
         self.clock = clock
         self.stop_requested = False
         self.last_saved: int | None = None
@@ -87,6 +91,7 @@ class TrainingSession:
             keep=keep,
             notice_file=os.environ.get(ENV["notice_file"]),
             progress_file=os.environ.get(ENV["progress_file"]),
+            annotations_file=os.environ.get(ENV["notice_annotations"]),
         )
         session.install_signal_handler()
         return session
@@ -108,7 +113,10 @@ class TrainingSession:
         return m.step, self.checkpoints.load(m)
 
     def notice(self) -> bool:
-        return self.stop_requested or (self.notice_file is not None and self.notice_file.exists())
+        """A preemption is coming: SIGTERM, the notice file, or the pod's notice annotation."""
+        if self.stop_requested or (self.notice_file is not None and self.notice_file.exists()):
+            return True
+        return self.annotations_file is not None and _annotation_set(self.annotations_file, NOTICE_ANNOTATION)
 
     def step_done(
         self,
@@ -148,3 +156,16 @@ class TrainingSession:
         tmp = self.progress_file.with_name(self.progress_file.name + ".tmp")
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, self.progress_file)
+
+
+def _annotation_set(path: Path, key: str) -> bool:
+    """Whether a downward-API annotations file (``key="value"`` lines) sets ``key`` non-empty."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        k, _, v = line.partition("=")
+        if k.strip() == key and v.strip().strip('"'):
+            return True
+    return False

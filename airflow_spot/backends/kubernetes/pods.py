@@ -1,0 +1,140 @@
+"""Build attempt pods with the Kubernetes models and the cncf-kubernetes provider's reconcile.
+
+Labels identify DAG, task, run, try and attempt; the notice annotation is exposed to the
+container through a downward-API volume that the checkpoint helper watches. Secure defaults:
+non-root, no privilege escalation, no service-account token unless asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from kubernetes.client import models as k8s
+
+from airflow_spot.backends.kubernetes.placement import Placement
+from airflow_spot.checkpoint.training import ENV, NOTICE_ANNOTATION
+
+LABEL_PREFIX = "airflow-spot"
+PODINFO_DIR = "/etc/airflow-spot/podinfo"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "airflow-spot"}
+
+
+def label_value(text: str) -> str:
+    """A valid label value (<= 63 chars, alphanumerics, '-', '_', '.'); long values keep a hash."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", str(text)).strip("_.-") or "x"
+    if len(clean) <= 63:
+        return clean
+    return clean[:52].rstrip("_.-") + "-" + hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def task_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
+    """Labels shared by every attempt pod of one task instance (used to find them again)."""
+    return {
+        **MANAGED_BY,
+        f"{LABEL_PREFIX}/dag-id": label_value(dag_id),
+        f"{LABEL_PREFIX}/task-id": label_value(task_id),
+        f"{LABEL_PREFIX}/run-id": label_value(run_id),
+        f"{LABEL_PREFIX}/map-index": str(map_index),
+    }
+
+
+def pod_name(dag_id: str, task_id: str, attempt: int, run_id: str) -> str:
+    digest = hashlib.sha1(f"{dag_id}/{task_id}/{run_id}".encode()).hexdigest()[:8]
+    base = re.sub(r"[^a-z0-9-]", "-", f"{dag_id}-{task_id}".lower()).strip("-")[:40].strip("-")
+    return f"{base}-{digest}-a{attempt}"
+
+
+def build_pod(
+    *,
+    name: str,
+    namespace: str,
+    image: str,
+    command: list[str],
+    capacity: str,
+    attempt: int,
+    try_number: int,
+    labels: dict[str, str],
+    placement: Placement,
+    checkpoint_uri: str,
+    env: dict[str, str] | None = None,
+    resources: dict[str, Any] | None = None,
+    gpus: int = 0,
+    service_account: str | None = None,
+    mount_token: bool = False,
+    volumes: list[k8s.V1Volume] | None = None,
+    volume_mounts: list[k8s.V1VolumeMount] | None = None,
+    env_from_secrets: list[str] | None = None,
+    pod_template: k8s.V1Pod | None = None,
+) -> k8s.V1Pod:
+    """One attempt's pod. ``pod_template`` (optional) is the base the rest is reconciled onto."""
+    limits = dict((resources or {}).get("limits", {}))
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    requests = dict((resources or {}).get("requests", {}))
+    env_vars = {
+        **(env or {}),
+        ENV["checkpoint_uri"]: checkpoint_uri,
+        ENV["capacity"]: capacity,
+        ENV["attempt"]: str(attempt),
+        ENV["notice_annotations"]: f"{PODINFO_DIR}/annotations",
+    }
+    container = k8s.V1Container(
+        name="train",
+        image=image,
+        command=command,
+        env=[k8s.V1EnvVar(name=k, value=v) for k, v in env_vars.items()],
+        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s)) for s in env_from_secrets or []] or None,
+        resources=k8s.V1ResourceRequirements(limits=limits or None, requests=requests or None),
+        volume_mounts=[k8s.V1VolumeMount(name="airflow-spot-podinfo", mount_path=PODINFO_DIR, read_only=True),
+                       *(volume_mounts or [])],
+        security_context=k8s.V1SecurityContext(allow_privilege_escalation=False, run_as_non_root=True,
+                                               capabilities=k8s.V1Capabilities(drop=["ALL"])),
+    )
+    podinfo = k8s.V1Volume(name="airflow-spot-podinfo", downward_api=k8s.V1DownwardAPIVolumeSource(items=[
+        k8s.V1DownwardAPIVolumeFile(path="annotations", field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.annotations"))]))
+    pod = k8s.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=k8s.V1ObjectMeta(
+            name=name, namespace=namespace,
+            labels={**labels, f"{LABEL_PREFIX}/attempt": str(attempt), f"{LABEL_PREFIX}/try-number": str(try_number),
+                    f"{LABEL_PREFIX}/capacity": capacity},
+            annotations={NOTICE_ANNOTATION: ""},
+        ),
+        spec=k8s.V1PodSpec(
+            restart_policy="Never",
+            containers=[container],
+            volumes=[podinfo, *(volumes or [])],
+            node_selector=dict(placement.node_selector) or None,
+            tolerations=[k8s.V1Toleration(**_snake(t)) for t in placement.tolerations] or None,
+            affinity=_affinity(placement.affinity),
+            service_account_name=service_account,
+            automount_service_account_token=mount_token,
+            security_context=k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000),
+        ),
+    )
+    if pod_template is not None:
+        from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+
+        pod = PodGenerator.reconcile_pods(pod_template, pod)
+    return pod
+
+
+def _snake(d: dict[str, Any]) -> dict[str, Any]:
+    return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in d.items()}
+
+
+def _affinity(raw: dict[str, Any] | None) -> k8s.V1Affinity | None:
+    if not raw:
+        return None
+    from kubernetes.client import ApiClient
+
+    class _Resp:  # ApiClient.deserialize reads .data
+        def __init__(self, data: str) -> None:
+            self.data = data
+
+    import json
+
+    return ApiClient().deserialize(_Resp(json.dumps(raw)), "V1Affinity")
