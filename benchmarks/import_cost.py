@@ -68,7 +68,7 @@ def reaction_time(poll: float) -> None:
         epoch = time.time()
         market = b.market_spec(epoch)
         h = b.launch(
-            "bench",
+            {"dag_id": "bench", "task_id": "t", "run_id": "r", "map_index": -1},
             1,
             "spot",
             [

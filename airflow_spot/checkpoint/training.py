@@ -116,7 +116,9 @@ class TrainingSession:
         """A preemption is coming: SIGTERM, the notice file, or the pod's notice annotation."""
         if self.stop_requested or (self.notice_file is not None and self.notice_file.exists()):
             return True
-        return self.annotations_file is not None and _annotation_set(self.annotations_file, NOTICE_ANNOTATION)
+        return self.annotations_file is not None and _annotation_set(
+            self.annotations_file, NOTICE_ANNOTATION
+        )
 
     def step_done(
         self,

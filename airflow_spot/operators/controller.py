@@ -63,7 +63,7 @@ class Controller:
         st = self.state
         if event is not None and event.kind is EventKind.ERROR:
             log.warning("The watcher reported an error (%s); looking again.", event.message)
-        spot = self.market.available_at(now) if self.market else None
+        spot = self.market.available_at(now) if self.market else self._spot_guess(now)
         st.see_spot(spot, now)
         ended = self._refresh_live(now)
         if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
@@ -91,6 +91,18 @@ class Controller:
         decision, job, obs = self._decide(now, spot)
         self._act(decision, now, job, obs)
         return StepResult(False, wake_at=now + self.op.decision_interval.total_seconds())
+
+    def _spot_guess(self, now: float) -> bool:
+        """Without a replayed market: spot counts as down for a cool-down after it was lost."""
+        cooldown = float(getattr(self.backend, "spot_cooldown_s", 900.0))
+        for a in reversed(self.state.attempts):
+            if (
+                a.capacity == "spot"
+                and a.outcome in ("preempted", "spot_unavailable")
+                and a.ended_at
+            ):
+                return now - a.ended_at >= cooldown
+        return True
 
     def wait_here(self, wake_at: float) -> SpotEvent:
         """Synchronous mode: poll in the worker until something happens."""
@@ -122,6 +134,10 @@ class Controller:
         rec.launch_began_at = status.granted_at or rec.launch_began_at
         rec.started_at = status.started_at or rec.started_at
         prog = self.backend.progress(rec.handle)
+        if prog is None:  # no progress channel (Kubernetes): the newest checkpoint of this attempt
+            m = self.checkpoints.latest_manifest()
+            if m is not None and m.created >= rec.launched_at and m.step > rec.step_start:
+                prog = {"step": m.step, "time": m.created}
         if prog is not None:
             if rec.first_step is None:
                 rec.first_step, rec.first_step_at = int(prog["step"]), float(prog["time"])
@@ -138,6 +154,7 @@ class Controller:
         if rec.step_end is None:
             rec.step_end = rec.step_start
         st.current = None
+        self.backend.cleanup(rec.handle, rec.outcome)
         outcome = rec.outcome
         if outcome == Outcome.PREEMPTED.value:
             st.preemptions += 1
@@ -303,20 +320,22 @@ class Controller:
         ti = self.context["ti"]
         n = len(st.attempts) + 1
         latest = self.checkpoints.latest_manifest()
-        key = "/".join(
-            _safe(x) for x in (ti.dag_id, ti.run_id, ti.task_id, str(getattr(ti, "map_index", -1)))
-        )
+        ident = {
+            "dag_id": ti.dag_id,
+            "task_id": ti.task_id,
+            "run_id": ti.run_id,
+            "map_index": getattr(ti, "map_index", -1),
+            "try_number": getattr(ti, "try_number", 1),
+        }
         changeover_wall = self.op.changeover.total_seconds()
         handle = self.backend.launch(
-            key,
+            ident,
             n,
             capacity.value,
             self.command,
             checkpoint_uri=self.checkpoint_uri,
             changeover_wall_s=changeover_wall,
-            market=MarketSpec.from_dict(st.market)
-            if st.market
-            else self.backend.market_spec(st.started_at),
+            market=MarketSpec.from_dict(st.market) if st.market else None,
         )
         price = job.spot_price if capacity is Capacity.SPOT else job.on_demand_price
         st.attempts.append(
@@ -406,10 +425,6 @@ class Controller:
             }
         )
         return out
-
-
-def _safe(part: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in part)
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

@@ -175,7 +175,8 @@ class SpotTrainingOperator(BaseOperator):
             raise ConfigError("poll_interval", f"must be > 0 seconds, got {self.poll_interval!r}")
         if isinstance(self.backend, str) and self.backend != "local":
             raise ConfigError(
-                "backend", f"unknown backend {self.backend!r}; use 'local' or a backend object"
+                "backend",
+                f"unknown backend {self.backend!r}; use 'local', LocalBackend(...) or KubernetesBackend(image=...)",
             )
         if self.deadline is None:
             raise ConfigError(
@@ -264,15 +265,16 @@ class SpotTrainingOperator(BaseOperator):
 
         deadline_at = self._resolve_deadline(now)
         backend = self._backend()
+        market = backend.market_spec(now)  # None where the real market is not replayed
         return JobState(
             started_at=now,
             deadline_at=deadline_at,
             time_scale=backend.time_scale,
             total_steps=self.total_steps,
-            market=backend.market_spec(now).to_dict(),
+            market=market.to_dict() if market is not None else None,
         )
 
-    def _backend(self) -> LocalBackend:
+    def _backend(self) -> Any:
         from airflow_spot.backends.local.backend import LocalBackend
 
         return LocalBackend() if isinstance(self.backend, str) else self.backend
@@ -297,20 +299,34 @@ class SpotTrainingOperator(BaseOperator):
                 return result.summary
             self._live_handle = state.live.handle if state.live else None
             if self.deferrable:
-                from airflow_spot.triggers.local import LocalAttemptTrigger
-
                 self.defer(
-                    trigger=LocalAttemptTrigger(
-                        handle=self._live_handle,
-                        market=state.market,
-                        spot_was=state.spot_last,
-                        wake_at=result.wake_at,
-                        poll_interval=self.poll_interval,
-                    ),
+                    trigger=self._trigger(state, result.wake_at),
                     method_name="resume",
                     timeout=timedelta(seconds=max(60.0, state.deadline_at - time.time() + 3600)),
                 )
             event = ctl.wait_here(result.wake_at)
+
+    def _trigger(self, state: JobState, wake_at: float):
+        backend = self._backend()
+        handle = state.live.handle if state.live else None
+        if getattr(backend, "name", "") == "kubernetes":
+            from airflow_spot.triggers.local import KubernetesAttemptTrigger
+
+            return KubernetesAttemptTrigger(
+                handle=handle,
+                backend=backend.to_dict(),
+                wake_at=wake_at,
+                poll_interval=self.poll_interval,
+            )
+        from airflow_spot.triggers.local import LocalAttemptTrigger
+
+        return LocalAttemptTrigger(
+            handle=handle,
+            market=state.market,
+            spot_was=state.spot_last,
+            wake_at=wake_at,
+            poll_interval=self.poll_interval,
+        )
 
 
 def default_retry_policy():

@@ -79,3 +79,30 @@ class LocalAttemptTrigger(SpotPollingTrigger):
             from airflow_spot.backends.local.backend import LocalBackend
 
             await asyncio.to_thread(LocalBackend().cancel, self.watch.handle)
+
+
+class KubernetesAttemptTrigger(SpotPollingTrigger):
+    """Watches an attempt pod, its node and their events (relaying interruption notices to the
+    pod as it goes), and the clock. The pod's node and capacity are recorded in the handle it
+    carries, so a verdict is possible after the node is gone."""
+
+    def __init__(
+        self,
+        *,
+        handle: dict[str, Any] | None,
+        backend: dict[str, Any],
+        wake_at: float,
+        poll_interval: float = 5.0,
+    ) -> None:
+        super().__init__(
+            poll_interval=poll_interval, handle=handle, backend=backend, wake_at=wake_at
+        )
+        self.watch = Watch(handle, None, None, wake_at, backend)
+
+    def poll(self) -> SpotEvent | None:
+        return self.watch.poll_once()
+
+    async def on_kill(self) -> None:
+        """The user killed the task while it waited: delete the pod (Airflow >= 3.3)."""
+        if self.watch.handle is not None and self.watch._k8s is not None:
+            await asyncio.to_thread(self.watch._k8s.cancel, self.watch.handle)

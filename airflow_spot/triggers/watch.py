@@ -23,15 +23,24 @@ class Watch:
     market: dict[str, Any] | None
     spot_was: bool | None
     wake_at: float
+    backend: dict[str, Any] | None = None  # a Kubernetes backend's settings; None = local
 
     def __post_init__(self) -> None:
         self._market = ReplayMarket.load(MarketSpec.from_dict(self.market)) if self.market else None
+        self._k8s = None
+        if self.backend and self.backend.get("kind") == "kubernetes":
+            from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+
+            self._k8s = KubernetesBackend.from_dict(self.backend)
+
+    def status(self, handle: dict[str, Any]):
+        return self._k8s.status(handle) if self._k8s is not None else read_status(handle)
 
     def poll_once(self, now: float | None = None) -> SpotEvent | None:
         now = time.time() if now is None else now
         spot = self._market.available_at(now) if self._market else None
         if self.handle is not None:
-            st = read_status(self.handle)
+            st = self.status(self.handle)
             if st.terminal:
                 return SpotEvent(EventKind.ATTEMPT_ENDED, now, spot, st.to_dict())
         if spot is not None and self.spot_was is not None and spot != self.spot_was:

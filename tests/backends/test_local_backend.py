@@ -39,6 +39,7 @@ def _backend(tmp_path: Path, pattern, scale: float = 600.0) -> tuple[LocalBacken
     return b, b.market_spec(time.time())
 
 
+IDENT = {"dag_id": "dag", "task_id": "train", "run_id": "run", "map_index": -1, "try_number": 1}
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
 
 
@@ -46,7 +47,7 @@ def test_spot_launch_waits_for_capacity_then_runs(tmp_path: Path) -> None:
     """A spot launch while spot is down waits (state waiting), then starts when spot returns."""
     b, market = _backend(tmp_path, [(False, 2), (True, 100)])  # down for 2 s at 600x
     h = b.launch(
-        "job",
+        IDENT,
         1,
         "spot",
         [sys.executable, "-c", "print('ok')"],
@@ -70,7 +71,7 @@ def test_preemption_sends_notice_then_sigterm(tmp_path: Path) -> None:
         "while True: time.sleep(0.01)"
     )
     h = b.launch(
-        "job",
+        IDENT,
         1,
         "spot",
         [sys.executable, "-c", code],
@@ -89,7 +90,7 @@ def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
     b, market = _backend(tmp_path, [(True, 2), (False, 100)])
     code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.01)"
     h = b.launch(
-        "job",
+        IDENT,
         1,
         "spot",
         [sys.executable, "-c", code],
@@ -105,7 +106,7 @@ def test_nonzero_exit_on_healthy_capacity_is_an_application_failure(tmp_path: Pa
     """Exit 2 on on-demand is an application failure, never a preemption."""
     b, market = _backend(tmp_path, [(False, 100)])
     h = b.launch(
-        "job",
+        IDENT,
         1,
         "on_demand",
         [sys.executable, "-c", "raise SystemExit(2)"],
@@ -127,7 +128,7 @@ def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
         "while True: time.sleep(0.1)"
     )
     h = b.launch(
-        "job",
+        IDENT,
         1,
         "on_demand",
         [sys.executable, "-c", code],

@@ -55,8 +55,16 @@ def test_unknown_policy_names_the_choices() -> None:
             OD,
         ),  # never leave on-demand while spot is down
         ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=3600), SPOT),
-        ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=0), OD),  # spot just came back: let it settle
-        ("deadline_aware", obs(40, 47.5, OD, spot=True, spot_age_s=3600), OD),  # last changeovers of work: finish
+        (
+            "deadline_aware",
+            obs(10, 9, OD, spot=True, spot_age_s=0),
+            OD,
+        ),  # spot just came back: let it settle
+        (
+            "deadline_aware",
+            obs(40, 47.5, OD, spot=True, spot_age_s=3600),
+            OD,
+        ),  # last changeovers of work: finish
     ],
 )
 def test_policy_rules(policy: str, observation: Observation, expected: Capacity) -> None:

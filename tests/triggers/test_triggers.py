@@ -11,9 +11,13 @@ import pytest
 
 from airflow_spot.testing import scripted_trace
 from airflow_spot.triggers.events import EventKind, SpotEvent
-from airflow_spot.triggers.local import LocalAttemptTrigger, SpotPollingTrigger
+from airflow_spot.triggers.local import (
+    KubernetesAttemptTrigger,
+    LocalAttemptTrigger,
+    SpotPollingTrigger,
+)
 
-ALL_TRIGGERS = [LocalAttemptTrigger]
+ALL_TRIGGERS = [LocalAttemptTrigger, KubernetesAttemptTrigger]
 
 
 def _subclasses(cls):
@@ -27,9 +31,27 @@ def test_every_trigger_is_listed_here() -> None:
     assert set(_subclasses(SpotPollingTrigger)) == set(ALL_TRIGGERS)
 
 
-@pytest.mark.parametrize("cls", ALL_TRIGGERS)
-def test_trigger_round_trips_through_serialisation(cls, tmp_path: Path) -> None:
-    """serialize() gives an importable classpath and kwargs that rebuild an equal trigger."""
+def _kwargs(cls, tmp_path: Path) -> dict:
+    if cls is KubernetesAttemptTrigger:
+        from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+
+        handle = {
+            "kind": "kubernetes",
+            "namespace": "ml",
+            "pod": "p-a1",
+            "capacity": "spot",
+            "attempt": 1,
+            "launched_at": 1.0,
+            "node": "n1",
+            "was_spot": True,
+            "was_running": True,
+        }
+        return {
+            "handle": handle,
+            "backend": KubernetesBackend(image="img", namespace="ml", preset="gke").to_dict(),
+            "wake_at": 123.0,
+            "poll_interval": 0.5,
+        }
     market = {
         "trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])),
         "polarity": "available",
@@ -39,7 +61,19 @@ def test_trigger_round_trips_through_serialisation(cls, tmp_path: Path) -> None:
         "offset": 0,
         "spot_price": None,
     }
-    trigger = cls(handle=None, market=market, spot_was=True, wake_at=123.0, poll_interval=0.5)
+    return {
+        "handle": None,
+        "market": market,
+        "spot_was": True,
+        "wake_at": 123.0,
+        "poll_interval": 0.5,
+    }
+
+
+@pytest.mark.parametrize("cls", ALL_TRIGGERS)
+def test_trigger_round_trips_through_serialisation(cls, tmp_path: Path) -> None:
+    """serialize() gives an importable classpath and kwargs that rebuild an equal trigger."""
+    trigger = cls(**_kwargs(cls, tmp_path))
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)

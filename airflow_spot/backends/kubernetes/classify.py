@@ -67,12 +67,27 @@ SHUTDOWN_MESSAGES = (
     "Pod was rejected as the node is shutting down.",
 )
 SPOT_EVENT_REASONS = {"SpotInterrupted", "TerminatingOnInterruption", "SpotInterruption"}
-NODE_LOSS_EVENT_REASONS = {"NodeNotReady", "DeletingNode", "TaintManagerEviction", "InstanceTerminating",
-                           "InstanceStopping", "RemovingNode"}
-SPOT_TAINTS = {"aws-node-termination-handler/spot-itn", "cloud.google.com/impending-node-termination"}
-DRAIN_TAINTS = {"karpenter.sh/disrupted", "node.kubernetes.io/out-of-service", "node.kubernetes.io/unreachable",
-                "node.kubernetes.io/not-ready", "aws-node-termination-handler/asg-lifecycle-termination",
-                "aws-node-termination-handler/scheduled-maintenance", "aws-node-termination-handler/rebalance-recommendation"}
+NODE_LOSS_EVENT_REASONS = {
+    "NodeNotReady",
+    "DeletingNode",
+    "TaintManagerEviction",
+    "InstanceTerminating",
+    "InstanceStopping",
+    "RemovingNode",
+}
+SPOT_TAINTS = {
+    "aws-node-termination-handler/spot-itn",
+    "cloud.google.com/impending-node-termination",
+}
+DRAIN_TAINTS = {
+    "karpenter.sh/disrupted",
+    "node.kubernetes.io/out-of-service",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/not-ready",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "aws-node-termination-handler/scheduled-maintenance",
+    "aws-node-termination-handler/rebalance-recommendation",
+}
 
 
 def _d(obj: Any) -> dict[str, Any]:
@@ -102,7 +117,10 @@ def node_is_spot(node: Any) -> bool | None:
     if not n:
         return None
     labels = _g(_g(n, "metadata") or {}, "labels") or {}
-    return any(str(labels.get(k, "")).lower() in {v.lower() for v in vals} for k, vals in SPOT_LABELS.items())
+    return any(
+        str(labels.get(k, "")).lower() in {v.lower() for v in vals}
+        for k, vals in SPOT_LABELS.items()
+    )
 
 
 def interruption_notice(node: Any, events: Iterable[Any] = ()) -> str | None:
@@ -121,7 +139,11 @@ def interruption_notice(node: Any, events: Iterable[Any] = ()) -> str | None:
         if "Preempt" in msg:
             return "scheduled event Preempt"
     for c in _g(_g(n, "status") or {}, "conditions") or []:
-        if _g(c, "type") == "Ready" and _g(c, "status") != "True" and "shutting down" in str(_g(c, "message") or ""):
+        if (
+            _g(c, "type") == "Ready"
+            and _g(c, "status") != "True"
+            and "shutting down" in str(_g(c, "message") or "")
+        ):
             return "node shutting down"
     return None
 
@@ -174,7 +196,9 @@ def classify(
     if not p:
         if was_running or was_spot:
             return reclaimed("the pod vanished (404) after running", "pod not found")
-        return Classification(Verdict.INFRA_DISRUPTION, "the pod vanished (404) before it ran", ("pod not found",))
+        return Classification(
+            Verdict.INFRA_DISRUPTION, "the pod vanished (404) before it ran", ("pod not found",)
+        )
     status = _g(p, "status") or {}
     phase = _g(status, "phase") or "Pending"
     if phase == "Succeeded":
@@ -187,30 +211,63 @@ def classify(
         msg = str(_g(dt, "message") or "")
         evidence = f"DisruptionTarget/{reason}"
         if reason == "TerminationByKubelet":
-            if _g(status, "reason") in SHUTDOWN_REASONS or any(m in msg or m in str(_g(status, "message") or "") for m in SHUTDOWN_MESSAGES) or "shutdown" in msg.lower():
+            if (
+                _g(status, "reason") in SHUTDOWN_REASONS
+                or any(m in msg or m in str(_g(status, "message") or "") for m in SHUTDOWN_MESSAGES)
+                or "shutdown" in msg.lower()
+            ):
                 return reclaimed("graceful node shutdown", evidence)
-            return Classification(Verdict.INFRA_DISRUPTION, f"evicted by the kubelet: {msg or 'node pressure'}", (evidence,))
+            return Classification(
+                Verdict.INFRA_DISRUPTION,
+                f"evicted by the kubelet: {msg or 'node pressure'}",
+                (evidence,),
+            )
         if reason in ("DeletionByPodGC", "DeletionByTaintManager"):
-            return reclaimed("the node was lost" if reason == "DeletionByPodGC" else "the node became unreachable", evidence)
+            return reclaimed(
+                "the node was lost"
+                if reason == "DeletionByPodGC"
+                else "the node became unreachable",
+                evidence,
+            )
         if reason == "EvictionByEvictionAPI":
             if cloud:
-                return Classification(Verdict.PREEMPTED, "drained for a spot interruption", (evidence, *cloud))
-            return Classification(Verdict.INFRA_DISRUPTION, "evicted by a drain without cloud evidence", (evidence,))
+                return Classification(
+                    Verdict.PREEMPTED, "drained for a spot interruption", (evidence, *cloud)
+                )
+            return Classification(
+                Verdict.INFRA_DISRUPTION, "evicted by a drain without cloud evidence", (evidence,)
+            )
         if reason == "PreemptionByScheduler":
-            return Classification(Verdict.INFRA_DISRUPTION, "preempted by the scheduler for a higher-priority pod", (evidence,))
+            return Classification(
+                Verdict.INFRA_DISRUPTION,
+                "preempted by the scheduler for a higher-priority pod",
+                (evidence,),
+            )
         if reason == "TerminationByKubelet" or phase == "Failed":
-            return Classification(Verdict.INFRA_DISRUPTION, f"disruption {reason}", (evidence,), default_used=True)
+            return Classification(
+                Verdict.INFRA_DISRUPTION, f"disruption {reason}", (evidence,), default_used=True
+            )
 
     s_reason, s_msg = _g(status, "reason"), str(_g(status, "message") or "")
-    if phase == "Failed" and (s_reason in SHUTDOWN_REASONS or any(m in s_msg for m in SHUTDOWN_MESSAGES)):
+    if phase == "Failed" and (
+        s_reason in SHUTDOWN_REASONS or any(m in s_msg for m in SHUTDOWN_MESSAGES)
+    ):
         return reclaimed("graceful node shutdown (kubelet status)", f"status.reason={s_reason}")
 
     node_gone = was_running and not n and node is None and phase == "Running" and was_spot
-    node_lost_events = [f"event {_g(e, 'reason')}" for e in evs if _g(e, "reason") in NODE_LOSS_EVENT_REASONS]
-    ready = next((c for c in _g(_g(n, "status") or {}, "conditions") or [] if _g(c, "type") == "Ready"), None)
+    node_lost_events = [
+        f"event {_g(e, 'reason')}" for e in evs if _g(e, "reason") in NODE_LOSS_EVENT_REASONS
+    ]
+    ready = next(
+        (c for c in _g(_g(n, "status") or {}, "conditions") or [] if _g(c, "type") == "Ready"), None
+    )
     node_not_ready = ready is not None and _g(ready, "status") != "True"
     if phase in ("Running", "Unknown") and (node_gone or (node_not_ready and (spot or cloud))):
-        return reclaimed("the node was lost while the pod ran", *node_lost_events, "node gone" if node_gone else "node NotReady")
+        return reclaimed(
+            "the node was lost while the pod ran",
+            *node_lost_events,
+            "node gone" if node_gone else "node NotReady",
+        )
 
     terminated = []
     for cs in _g(status, "container_statuses", "containerStatuses") or []:
@@ -218,24 +275,47 @@ def classify(
         if t:
             terminated.append(t)
     if any((_g(t, "reason") or "") == "OOMKilled" for t in terminated):
-        return Classification(Verdict.OOM_KILLED, "a container was OOM-killed (memory limit)", ("OOMKilled",))
+        return Classification(
+            Verdict.OOM_KILLED, "a container was OOM-killed (memory limit)", ("OOMKilled",)
+        )
     if phase == "Failed":
         codes = [_g(t, "exit_code", "exitCode") for t in terminated]
         bad = [c for c in codes if c not in (None, 0)]
         if bad and not cloud and not node_not_ready:
-            return Classification(Verdict.APP_FAILURE, f"exit code {bad[0]} on healthy capacity", tuple(f"exit {c}" for c in bad))
+            return Classification(
+                Verdict.APP_FAILURE,
+                f"exit code {bad[0]} on healthy capacity",
+                tuple(f"exit {c}" for c in bad),
+            )
         if bad and (cloud or node_not_ready):
-            return reclaimed(f"killed (exit {bad[0]}) while the node was being reclaimed", f"exit {bad[0]}")
-        return Classification(Verdict.INFRA_DISRUPTION, f"failed without a known signal (reason {s_reason!r})",
-                              (f"status.reason={s_reason}",), default_used=True)
+            return reclaimed(
+                f"killed (exit {bad[0]}) while the node was being reclaimed", f"exit {bad[0]}"
+            )
+        return Classification(
+            Verdict.INFRA_DISRUPTION,
+            f"failed without a known signal (reason {s_reason!r})",
+            (f"status.reason={s_reason}",),
+            default_used=True,
+        )
     if phase == "Pending":
         sched = conds.get("PodScheduled")
-        unschedulable = sched is not None and _g(sched, "status") == "False" and _g(sched, "reason") == "Unschedulable"
+        unschedulable = (
+            sched is not None
+            and _g(sched, "status") == "False"
+            and _g(sched, "reason") == "Unschedulable"
+        )
         if unschedulable and pending_for_s >= pending_timeout_s:
-            return Classification(Verdict.SPOT_UNAVAILABLE if was_spot is not False else Verdict.INFRA_DISRUPTION,
-                                  f"unschedulable for {pending_for_s:.0f} s: {_g(sched, 'message') or 'no capacity'}",
-                                  ("PodScheduled=False/Unschedulable",))
+            return Classification(
+                Verdict.SPOT_UNAVAILABLE if was_spot is not False else Verdict.INFRA_DISRUPTION,
+                f"unschedulable for {pending_for_s:.0f} s: {_g(sched, 'message') or 'no capacity'}",
+                ("PodScheduled=False/Unschedulable",),
+            )
         return Classification(Verdict.PENDING, "pending")
     if phase == "Running":
         return Classification(Verdict.RUNNING, "running")
-    return Classification(Verdict.INFRA_DISRUPTION, f"unknown pod phase {phase!r}", (f"phase={phase}",), default_used=True)
+    return Classification(
+        Verdict.INFRA_DISRUPTION,
+        f"unknown pod phase {phase!r}",
+        (f"phase={phase}",),
+        default_used=True,
+    )

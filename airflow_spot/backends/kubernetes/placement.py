@@ -22,8 +22,15 @@ class Placement:
 
 
 def _not_spot(key: str, values: list[str]) -> dict[str, Any]:
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": key, "operator": "NotIn", "values": values}]}]}}}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": key, "operator": "NotIn", "values": values}]}
+                ]
+            }
+        }
+    }
 
 
 PRESETS: dict[str, dict[str, Placement]] = {
@@ -39,15 +46,35 @@ PRESETS: dict[str, dict[str, Placement]] = {
     },
     # GKE: cloud.google.com/gke-spot=true, optional taint of the same key on Standard pools [G1]
     "gke": {
-        "spot": Placement({"cloud.google.com/gke-spot": "true"},
-                          ({"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"},)),
+        "spot": Placement(
+            {"cloud.google.com/gke-spot": "true"},
+            (
+                {
+                    "key": "cloud.google.com/gke-spot",
+                    "operator": "Equal",
+                    "value": "true",
+                    "effect": "NoSchedule",
+                },
+            ),
+        ),
         "on_demand": Placement(affinity=_not_spot("cloud.google.com/gke-spot", ["true"])),
     },
     # AKS: kubernetes.azure.com/scalesetpriority=spot label and NoSchedule taint, added automatically [Z1]
     "aks": {
-        "spot": Placement({"kubernetes.azure.com/scalesetpriority": "spot"},
-                          ({"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot", "effect": "NoSchedule"},)),
-        "on_demand": Placement(affinity=_not_spot("kubernetes.azure.com/scalesetpriority", ["spot"])),
+        "spot": Placement(
+            {"kubernetes.azure.com/scalesetpriority": "spot"},
+            (
+                {
+                    "key": "kubernetes.azure.com/scalesetpriority",
+                    "operator": "Equal",
+                    "value": "spot",
+                    "effect": "NoSchedule",
+                },
+            ),
+        ),
+        "on_demand": Placement(
+            affinity=_not_spot("kubernetes.azure.com/scalesetpriority", ["spot"])
+        ),
     },
 }
 
@@ -56,8 +83,13 @@ def placement_for(preset: str | dict[str, Placement], capacity: str) -> Placemen
     """The placement of ``capacity`` ('spot' or 'on_demand') under a preset name or a custom preset."""
     table = PRESETS.get(preset) if isinstance(preset, str) else preset
     if table is None:
-        raise ConfigError("preset", f"unknown preset {preset!r}; use one of {', '.join(PRESETS)} or a custom "
-                          "{'spot': Placement(...), 'on_demand': Placement(...)}")
+        raise ConfigError(
+            "preset",
+            f"unknown preset {preset!r}; use one of {', '.join(PRESETS)} or a custom "
+            "{'spot': Placement(...), 'on_demand': Placement(...)}",
+        )
     if capacity not in table:
-        raise ConfigError("preset", f"the preset has no {capacity!r} placement; give both 'spot' and 'on_demand'")
+        raise ConfigError(
+            "preset", f"the preset has no {capacity!r} placement; give both 'spot' and 'on_demand'"
+        )
     return table[capacity]

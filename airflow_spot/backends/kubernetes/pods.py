@@ -85,22 +85,45 @@ def build_pod(
         image=image,
         command=command,
         env=[k8s.V1EnvVar(name=k, value=v) for k, v in env_vars.items()],
-        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s)) for s in env_from_secrets or []] or None,
+        env_from=[
+            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s))
+            for s in env_from_secrets or []
+        ]
+        or None,
         resources=k8s.V1ResourceRequirements(limits=limits or None, requests=requests or None),
-        volume_mounts=[k8s.V1VolumeMount(name="airflow-spot-podinfo", mount_path=PODINFO_DIR, read_only=True),
-                       *(volume_mounts or [])],
-        security_context=k8s.V1SecurityContext(allow_privilege_escalation=False, run_as_non_root=True,
-                                               capabilities=k8s.V1Capabilities(drop=["ALL"])),
+        volume_mounts=[
+            k8s.V1VolumeMount(name="airflow-spot-podinfo", mount_path=PODINFO_DIR, read_only=True),
+            *(volume_mounts or []),
+        ],
+        security_context=k8s.V1SecurityContext(
+            allow_privilege_escalation=False,
+            run_as_non_root=True,
+            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        ),
     )
-    podinfo = k8s.V1Volume(name="airflow-spot-podinfo", downward_api=k8s.V1DownwardAPIVolumeSource(items=[
-        k8s.V1DownwardAPIVolumeFile(path="annotations", field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.annotations"))]))
+    podinfo = k8s.V1Volume(
+        name="airflow-spot-podinfo",
+        downward_api=k8s.V1DownwardAPIVolumeSource(
+            items=[
+                k8s.V1DownwardAPIVolumeFile(
+                    path="annotations",
+                    field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.annotations"),
+                )
+            ]
+        ),
+    )
     pod = k8s.V1Pod(
         api_version="v1",
         kind="Pod",
         metadata=k8s.V1ObjectMeta(
-            name=name, namespace=namespace,
-            labels={**labels, f"{LABEL_PREFIX}/attempt": str(attempt), f"{LABEL_PREFIX}/try-number": str(try_number),
-                    f"{LABEL_PREFIX}/capacity": capacity},
+            name=name,
+            namespace=namespace,
+            labels={
+                **labels,
+                f"{LABEL_PREFIX}/attempt": str(attempt),
+                f"{LABEL_PREFIX}/try-number": str(try_number),
+                f"{LABEL_PREFIX}/capacity": capacity,
+            },
             annotations={NOTICE_ANNOTATION: ""},
         ),
         spec=k8s.V1PodSpec(
@@ -112,7 +135,9 @@ def build_pod(
             affinity=_affinity(placement.affinity),
             service_account_name=service_account,
             automount_service_account_token=mount_token,
-            security_context=k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000),
+            security_context=k8s.V1PodSecurityContext(
+                run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000
+            ),
         ),
     )
     if pod_template is not None:

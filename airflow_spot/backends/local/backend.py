@@ -93,7 +93,7 @@ class LocalBackend:
     # -- attempts ---------------------------------------------------------------------------
     def launch(
         self,
-        run_key: str,
+        ident: dict[str, Any],
         attempt: int,
         capacity: str,
         command: list[str],
@@ -103,7 +103,12 @@ class LocalBackend:
         market: MarketSpec,
         env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Start attempt ``attempt`` under a detached supervisor; returns its handle."""
+        """Start attempt ``attempt`` under a detached supervisor; returns its handle.
+
+        ``ident``: dag_id, task_id, run_id, map_index (and try_number) of the task instance."""
+        run_key = "/".join(
+            _safe(str(ident[k])) for k in ("dag_id", "run_id", "task_id", "map_index")
+        )
         run_dir = self.root() / run_key / f"attempt-{attempt:03d}"
         if (run_dir / "spec.json").exists():
             raise BackendError(
@@ -148,6 +153,9 @@ class LocalBackend:
         """The attempt's status; a supervisor that died without a verdict reads as ``lost``."""
         return read_status(handle)
 
+    def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
+        """Nothing to release: the supervisor is gone once the attempt ended."""
+
     def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:
         path = Path(handle["run_dir"]) / "progress.json"
         try:
@@ -184,6 +192,10 @@ class LocalBackend:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)  # belt and braces: nothing may survive a cancel
         return read_status(handle)
+
+
+def _safe(part: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in part)
 
 
 def _raw(handle: dict[str, Any]) -> dict[str, Any] | None:

@@ -28,31 +28,70 @@ from kubernetes.client import (
     V1Taint,
 )
 
-from airflow_spot.backends.kubernetes.classify import Verdict, classify, interruption_notice, node_is_spot
+from airflow_spot.backends.kubernetes.classify import (
+    Verdict,
+    classify,
+    interruption_notice,
+    node_is_spot,
+)
 
 
-def pod(phase="Running", reason=None, message=None, conditions=(), exit_code=None, term_reason=None) -> V1Pod:
+def pod(
+    phase="Running", reason=None, message=None, conditions=(), exit_code=None, term_reason=None
+) -> V1Pod:
     statuses = None
     if exit_code is not None:
-        statuses = [V1ContainerStatus(name="train", image="img", image_id="", ready=False, restart_count=0,
-                                      state=V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=exit_code, reason=term_reason)))]
-    return V1Pod(metadata=V1ObjectMeta(name="p", namespace="ml"),
-                 status=V1PodStatus(phase=phase, reason=reason, message=message, conditions=list(conditions) or None,
-                                    container_statuses=statuses))
+        statuses = [
+            V1ContainerStatus(
+                name="train",
+                image="img",
+                image_id="",
+                ready=False,
+                restart_count=0,
+                state=V1ContainerState(
+                    terminated=V1ContainerStateTerminated(exit_code=exit_code, reason=term_reason)
+                ),
+            )
+        ]
+    return V1Pod(
+        metadata=V1ObjectMeta(name="p", namespace="ml"),
+        status=V1PodStatus(
+            phase=phase,
+            reason=reason,
+            message=message,
+            conditions=list(conditions) or None,
+            container_statuses=statuses,
+        ),
+    )
 
 
 def dt(reason: str, message: str = "") -> V1PodCondition:
     return V1PodCondition(type="DisruptionTarget", status="True", reason=reason, message=message)
 
 
-def node(labels=None, taints=(), ready=True, ready_message="kubelet is posting ready status") -> V1Node:
-    return V1Node(metadata=V1ObjectMeta(name="n1", labels=labels or {}),
-                  spec=V1NodeSpec(taints=list(taints) or None),
-                  status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready", status="True" if ready else "False", message=ready_message)]))
+def node(
+    labels=None, taints=(), ready=True, ready_message="kubelet is posting ready status"
+) -> V1Node:
+    return V1Node(
+        metadata=V1ObjectMeta(name="n1", labels=labels or {}),
+        spec=V1NodeSpec(taints=list(taints) or None),
+        status=V1NodeStatus(
+            conditions=[
+                V1NodeCondition(
+                    type="Ready", status="True" if ready else "False", message=ready_message
+                )
+            ]
+        ),
+    )
 
 
 def event(reason: str, message: str = "", kind: str = "Node") -> dict:
-    return {"reason": reason, "message": message, "involvedObject": {"kind": kind, "name": "n1"}, "type": "Warning"}
+    return {
+        "reason": reason,
+        "message": message,
+        "involvedObject": {"kind": kind, "name": "n1"},
+        "type": "Warning",
+    }
 
 
 EKS_SPOT = {"eks.amazonaws.com/capacityType": "SPOT"}
@@ -65,37 +104,285 @@ SHUTDOWN_MSG = "Pod was terminated in response to imminent node shutdown."
 
 CASES = [
     # (id, pod, node, events, kwargs, verdict, source)
-    ("kubelet-graceful-shutdown-condition", pod("Failed", "Terminated", SHUTDOWN_MSG, [dt("TerminationByKubelet", SHUTDOWN_MSG)]), node(GKE_SPOT), [], {}, Verdict.PREEMPTED, "K7"),
-    ("kubelet-shutdown-status-only-older", pod("Failed", "Shutdown", "Pod Node is in progress of shutting down, not admitting any new pods"), node(GKE_PREEMPTIBLE), [], {}, Verdict.PREEMPTED, "F4"),
-    ("kubelet-nodeshutdown-admission", pod("Failed", "NodeShutdown", "Pod was rejected as the node is shutting down."), node(AKS_SPOT), [], {}, Verdict.PREEMPTED, "K7"),
-    ("podgc-node-gone", pod("Failed", conditions=[dt("DeletionByPodGC", "PodGC: node no longer exists")]), None, [], {"was_spot": True}, Verdict.PREEMPTED, "K8"),
-    ("taint-manager-unreachable", pod("Failed", conditions=[dt("DeletionByTaintManager")]), node(AKS_SPOT, [V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")], ready=False), [], {}, Verdict.PREEMPTED, "K8/Z3"),
-    ("karpenter-drain-spot-interrupted", pod("Failed", conditions=[dt("EvictionByEvictionAPI")]), node(KARPENTER_SPOT, [V1Taint(key="karpenter.sh/disrupted", effect="NoSchedule")]), [event("SpotInterrupted", "Spot interruption warning was triggered")], {}, Verdict.PREEMPTED, "KP1/KP2"),
-    ("nth-drain-spot-itn-taint", pod("Failed", conditions=[dt("EvictionByEvictionAPI")]), node(EKS_SPOT, [V1Taint(key="aws-node-termination-handler/spot-itn", value="evt-1", effect="NoSchedule")]), [], {}, Verdict.PREEMPTED, "N1"),
-    ("nth-spot-interruption-event", pod("Failed", conditions=[dt("EvictionByEvictionAPI")]), node(EKS_SPOT), [event("SpotInterruption", "Spot ITN received")], {}, Verdict.PREEMPTED, "N1"),
-    ("aks-preempt-scheduled-event", pod("Failed", conditions=[dt("EvictionByEvictionAPI")]), node(AKS_SPOT), [event("PreemptScheduled", "Node will change into status 'Preempt'")], {}, Verdict.PREEMPTED, "Z2"),
-    ("consolidation-drain-no-cloud-evidence", pod("Failed", conditions=[dt("EvictionByEvictionAPI")]), node(KARPENTER_SPOT), [], {}, Verdict.INFRA_DISRUPTION, "KP1"),
-    ("scheduler-priority-preemption", pod("Failed", conditions=[dt("PreemptionByScheduler")]), node(KARPENTER_SPOT), [], {}, Verdict.INFRA_DISRUPTION, "K8"),
-    ("kubelet-node-pressure-eviction", pod("Failed", "Evicted", "The node was low on resource: memory.", [dt("TerminationByKubelet", "node pressure")]), node(EKS_SPOT), [], {}, Verdict.INFRA_DISRUPTION, "K8"),
-    ("pod-vanished-404-after-running-on-spot", None, None, [], {"was_spot": True, "was_running": True}, Verdict.PREEMPTED, "F5/#59626"),
-    ("pod-vanished-404-on-demand", None, None, [], {"was_spot": False, "was_running": True}, Verdict.INFRA_DISRUPTION, "F5"),
-    ("node-gone-while-running-on-spot", pod("Running"), None, [], {"was_spot": True, "was_running": True}, Verdict.PREEMPTED, "S4"),
-    ("node-not-ready-spot", pod("Running"), node(GKE_SPOT, ready=False), [event("NodeNotReady", kind="Pod")], {"was_running": True}, Verdict.PREEMPTED, "S4"),
-    ("gke-impending-termination-taint", pod("Failed", exit_code=143, term_reason="Error"), node(GKE_SPOT, [V1Taint(key="cloud.google.com/impending-node-termination", effect="NoSchedule")]), [], {}, Verdict.PREEMPTED, "I12"),
-    ("oom-killed", pod("Failed", exit_code=137, term_reason="OOMKilled"), node(EKS_SPOT), [], {}, Verdict.OOM_KILLED, "K8"),
-    ("app-failure-exit-1", pod("Failed", exit_code=1, term_reason="Error"), node(KARPENTER_SPOT), [], {}, Verdict.APP_FAILURE, "KF1"),
-    ("app-failure-on-demand", pod("Failed", exit_code=2, term_reason="Error"), node(ON_DEMAND), [], {}, Verdict.APP_FAILURE, "KF1"),
-    ("graceful-shutdown-on-demand-node", pod("Failed", "Terminated", SHUTDOWN_MSG, [dt("TerminationByKubelet", SHUTDOWN_MSG)]), node(ON_DEMAND), [], {}, Verdict.INFRA_DISRUPTION, "K7"),
-    ("succeeded", pod("Succeeded", exit_code=0, term_reason="Completed"), node(EKS_SPOT), [], {}, Verdict.SUCCEEDED, "-"),
+    (
+        "kubelet-graceful-shutdown-condition",
+        pod("Failed", "Terminated", SHUTDOWN_MSG, [dt("TerminationByKubelet", SHUTDOWN_MSG)]),
+        node(GKE_SPOT),
+        [],
+        {},
+        Verdict.PREEMPTED,
+        "K7",
+    ),
+    (
+        "kubelet-shutdown-status-only-older",
+        pod(
+            "Failed",
+            "Shutdown",
+            "Pod Node is in progress of shutting down, not admitting any new pods",
+        ),
+        node(GKE_PREEMPTIBLE),
+        [],
+        {},
+        Verdict.PREEMPTED,
+        "F4",
+    ),
+    (
+        "kubelet-nodeshutdown-admission",
+        pod("Failed", "NodeShutdown", "Pod was rejected as the node is shutting down."),
+        node(AKS_SPOT),
+        [],
+        {},
+        Verdict.PREEMPTED,
+        "K7",
+    ),
+    (
+        "podgc-node-gone",
+        pod("Failed", conditions=[dt("DeletionByPodGC", "PodGC: node no longer exists")]),
+        None,
+        [],
+        {"was_spot": True},
+        Verdict.PREEMPTED,
+        "K8",
+    ),
+    (
+        "taint-manager-unreachable",
+        pod("Failed", conditions=[dt("DeletionByTaintManager")]),
+        node(
+            AKS_SPOT,
+            [V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")],
+            ready=False,
+        ),
+        [],
+        {},
+        Verdict.PREEMPTED,
+        "K8/Z3",
+    ),
+    (
+        "karpenter-drain-spot-interrupted",
+        pod("Failed", conditions=[dt("EvictionByEvictionAPI")]),
+        node(KARPENTER_SPOT, [V1Taint(key="karpenter.sh/disrupted", effect="NoSchedule")]),
+        [event("SpotInterrupted", "Spot interruption warning was triggered")],
+        {},
+        Verdict.PREEMPTED,
+        "KP1/KP2",
+    ),
+    (
+        "nth-drain-spot-itn-taint",
+        pod("Failed", conditions=[dt("EvictionByEvictionAPI")]),
+        node(
+            EKS_SPOT,
+            [
+                V1Taint(
+                    key="aws-node-termination-handler/spot-itn", value="evt-1", effect="NoSchedule"
+                )
+            ],
+        ),
+        [],
+        {},
+        Verdict.PREEMPTED,
+        "N1",
+    ),
+    (
+        "nth-spot-interruption-event",
+        pod("Failed", conditions=[dt("EvictionByEvictionAPI")]),
+        node(EKS_SPOT),
+        [event("SpotInterruption", "Spot ITN received")],
+        {},
+        Verdict.PREEMPTED,
+        "N1",
+    ),
+    (
+        "aks-preempt-scheduled-event",
+        pod("Failed", conditions=[dt("EvictionByEvictionAPI")]),
+        node(AKS_SPOT),
+        [event("PreemptScheduled", "Node will change into status 'Preempt'")],
+        {},
+        Verdict.PREEMPTED,
+        "Z2",
+    ),
+    (
+        "consolidation-drain-no-cloud-evidence",
+        pod("Failed", conditions=[dt("EvictionByEvictionAPI")]),
+        node(KARPENTER_SPOT),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "KP1",
+    ),
+    (
+        "scheduler-priority-preemption",
+        pod("Failed", conditions=[dt("PreemptionByScheduler")]),
+        node(KARPENTER_SPOT),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "K8",
+    ),
+    (
+        "kubelet-node-pressure-eviction",
+        pod(
+            "Failed",
+            "Evicted",
+            "The node was low on resource: memory.",
+            [dt("TerminationByKubelet", "node pressure")],
+        ),
+        node(EKS_SPOT),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "K8",
+    ),
+    (
+        "pod-vanished-404-after-running-on-spot",
+        None,
+        None,
+        [],
+        {"was_spot": True, "was_running": True},
+        Verdict.PREEMPTED,
+        "F5/#59626",
+    ),
+    (
+        "pod-vanished-404-on-demand",
+        None,
+        None,
+        [],
+        {"was_spot": False, "was_running": True},
+        Verdict.INFRA_DISRUPTION,
+        "F5",
+    ),
+    (
+        "node-gone-while-running-on-spot",
+        pod("Running"),
+        None,
+        [],
+        {"was_spot": True, "was_running": True},
+        Verdict.PREEMPTED,
+        "S4",
+    ),
+    (
+        "node-not-ready-spot",
+        pod("Running"),
+        node(GKE_SPOT, ready=False),
+        [event("NodeNotReady", kind="Pod")],
+        {"was_running": True},
+        Verdict.PREEMPTED,
+        "S4",
+    ),
+    (
+        "gke-impending-termination-taint",
+        pod("Failed", exit_code=143, term_reason="Error"),
+        node(
+            GKE_SPOT,
+            [V1Taint(key="cloud.google.com/impending-node-termination", effect="NoSchedule")],
+        ),
+        [],
+        {},
+        Verdict.PREEMPTED,
+        "I12",
+    ),
+    (
+        "oom-killed",
+        pod("Failed", exit_code=137, term_reason="OOMKilled"),
+        node(EKS_SPOT),
+        [],
+        {},
+        Verdict.OOM_KILLED,
+        "K8",
+    ),
+    (
+        "app-failure-exit-1",
+        pod("Failed", exit_code=1, term_reason="Error"),
+        node(KARPENTER_SPOT),
+        [],
+        {},
+        Verdict.APP_FAILURE,
+        "KF1",
+    ),
+    (
+        "app-failure-on-demand",
+        pod("Failed", exit_code=2, term_reason="Error"),
+        node(ON_DEMAND),
+        [],
+        {},
+        Verdict.APP_FAILURE,
+        "KF1",
+    ),
+    (
+        "graceful-shutdown-on-demand-node",
+        pod("Failed", "Terminated", SHUTDOWN_MSG, [dt("TerminationByKubelet", SHUTDOWN_MSG)]),
+        node(ON_DEMAND),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "K7",
+    ),
+    (
+        "succeeded",
+        pod("Succeeded", exit_code=0, term_reason="Completed"),
+        node(EKS_SPOT),
+        [],
+        {},
+        Verdict.SUCCEEDED,
+        "-",
+    ),
     ("running", pod("Running"), node(EKS_SPOT), [], {}, Verdict.RUNNING, "-"),
-    ("pending-briefly", pod("Pending", conditions=[V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable")]), None, [], {"was_spot": True, "pending_for_s": 30}, Verdict.PENDING, "-"),
-    ("spot-unavailable", pod("Pending", conditions=[V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable", message="0/3 nodes are available")]), None, [], {"was_spot": True, "pending_for_s": 900}, Verdict.SPOT_UNAVAILABLE, "-"),
-    ("unknown-phase-safe-default", pod("Unknown"), node(ON_DEMAND), [], {}, Verdict.INFRA_DISRUPTION, "KPO #65202"),
-    ("failed-without-signal-safe-default", pod("Failed", reason="Mystery"), node(ON_DEMAND), [], {}, Verdict.INFRA_DISRUPTION, "-"),
+    (
+        "pending-briefly",
+        pod(
+            "Pending",
+            conditions=[
+                V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable")
+            ],
+        ),
+        None,
+        [],
+        {"was_spot": True, "pending_for_s": 30},
+        Verdict.PENDING,
+        "-",
+    ),
+    (
+        "spot-unavailable",
+        pod(
+            "Pending",
+            conditions=[
+                V1PodCondition(
+                    type="PodScheduled",
+                    status="False",
+                    reason="Unschedulable",
+                    message="0/3 nodes are available",
+                )
+            ],
+        ),
+        None,
+        [],
+        {"was_spot": True, "pending_for_s": 900},
+        Verdict.SPOT_UNAVAILABLE,
+        "-",
+    ),
+    (
+        "unknown-phase-safe-default",
+        pod("Unknown"),
+        node(ON_DEMAND),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "KPO #65202",
+    ),
+    (
+        "failed-without-signal-safe-default",
+        pod("Failed", reason="Mystery"),
+        node(ON_DEMAND),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "-",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "p", "n", "events", "kwargs", "verdict", "source"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("case", "p", "n", "events", "kwargs", "verdict", "source"), CASES, ids=[c[0] for c in CASES]
+)
 def test_signal(case, p, n, events, kwargs, verdict, source) -> None:
     """Each preemption signal (or its absence) gives the verdict its source documents."""
     got = classify(p, n, events, **kwargs)
@@ -105,11 +392,34 @@ def test_signal(case, p, n, events, kwargs, verdict, source) -> None:
 
 def test_api_json_dicts_classify_like_models() -> None:
     """Plain API JSON (camelCase) reads the same as client model objects."""
-    raw = {"metadata": {"name": "p"}, "status": {"phase": "Failed", "reason": "Terminated", "message": SHUTDOWN_MSG,
-           "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": SHUTDOWN_MSG}],
-           "containerStatuses": [{"name": "t", "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}]}}
+    raw = {
+        "metadata": {"name": "p"},
+        "status": {
+            "phase": "Failed",
+            "reason": "Terminated",
+            "message": SHUTDOWN_MSG,
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": SHUTDOWN_MSG,
+                }
+            ],
+            "containerStatuses": [
+                {"name": "t", "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}
+            ],
+        },
+    }
     assert classify(raw, {"metadata": {"labels": GKE_SPOT}}).verdict is Verdict.PREEMPTED
-    raw2 = {"status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    raw2 = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+            ],
+        }
+    }
     assert classify(raw2).verdict is Verdict.OOM_KILLED
 
 
@@ -118,20 +428,52 @@ def test_safe_default_is_flagged() -> None:
     assert classify(pod("Unknown"), node(ON_DEMAND)).default_used
 
 
-@pytest.mark.parametrize(("labels", "spot"), [(EKS_SPOT, True), (KARPENTER_SPOT, True), (GKE_SPOT, True),
-                                              (GKE_PREEMPTIBLE, True), (AKS_SPOT, True), (ON_DEMAND, False), ({}, False)])
+@pytest.mark.parametrize(
+    ("labels", "spot"),
+    [
+        (EKS_SPOT, True),
+        (KARPENTER_SPOT, True),
+        (GKE_SPOT, True),
+        (GKE_PREEMPTIBLE, True),
+        (AKS_SPOT, True),
+        (ON_DEMAND, False),
+        ({}, False),
+    ],
+)
 def test_node_capacity_labels(labels, spot) -> None:
     """Every cloud's spot label is recognised; on-demand and unlabelled nodes are not spot."""
     assert node_is_spot(node(labels)) is spot
 
 
-@pytest.mark.parametrize(("n", "events", "notice"), [
-    (node(KARPENTER_SPOT), [event("SpotInterrupted", "Spot interruption warning was triggered")], "event SpotInterrupted"),
-    (node(EKS_SPOT, [V1Taint(key="aws-node-termination-handler/spot-itn", effect="NoSchedule")]), [], "node taint aws-node-termination-handler/spot-itn"),
-    (node(GKE_SPOT, ready=False, ready_message="node is shutting down"), [], "node shutting down"),
-    (node(AKS_SPOT), [event("Preempt", "will change into status 'Preempt'")], "scheduled event Preempt"),
-    (node(EKS_SPOT), [], None),
-])
+@pytest.mark.parametrize(
+    ("n", "events", "notice"),
+    [
+        (
+            node(KARPENTER_SPOT),
+            [event("SpotInterrupted", "Spot interruption warning was triggered")],
+            "event SpotInterrupted",
+        ),
+        (
+            node(
+                EKS_SPOT,
+                [V1Taint(key="aws-node-termination-handler/spot-itn", effect="NoSchedule")],
+            ),
+            [],
+            "node taint aws-node-termination-handler/spot-itn",
+        ),
+        (
+            node(GKE_SPOT, ready=False, ready_message="node is shutting down"),
+            [],
+            "node shutting down",
+        ),
+        (
+            node(AKS_SPOT),
+            [event("Preempt", "will change into status 'Preempt'")],
+            "scheduled event Preempt",
+        ),
+        (node(EKS_SPOT), [], None),
+    ],
+)
 def test_interruption_notice(n, events, notice) -> None:
     """A coming reclaim is recognised early enough to tell the pod to checkpoint."""
     assert interruption_notice(n, events) == notice
@@ -139,6 +481,13 @@ def test_interruption_notice(n, events, notice) -> None:
 
 def test_classifier_imports_no_kubernetes() -> None:
     """The classifier is pure: importing it loads no Kubernetes client, Airflow or boto3."""
-    code = ("import sys, airflow_spot.backends.kubernetes.classify; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'airflow', 'boto3', 'numpy')))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    code = (
+        "import sys, airflow_spot.backends.kubernetes.classify; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'airflow', 'boto3', 'numpy')))"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "[]"
+    )

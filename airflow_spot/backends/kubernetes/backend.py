@@ -1,0 +1,407 @@
+"""The Kubernetes backend: attempts as pods on spot or on-demand node pools.
+
+Pods are created and read through the ``apache-airflow-providers-cncf-kubernetes``
+``KubernetesHook`` (connection, kubeconfig or in-cluster config, as users already configure
+it). What happened to a pod is decided by the pure :func:`.classify.classify` over the pod, its
+node and their events. While a pod runs, its node name and capacity are recorded in the
+attempt's handle, so that a verdict is still possible after the node is gone. A node that
+shows an interruption warning gets the pod's notice annotation set, so the container
+checkpoints at once. At most one attempt pod exists per task instance: a launch first removes
+any leftover pod of the task that is not the live attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from airflow_spot.backends.base import AttemptStatus, Outcome, State
+from airflow_spot.backends.kubernetes.classify import (
+    Verdict,
+    classify,
+    interruption_notice,
+    node_is_spot,
+)
+from airflow_spot.backends.kubernetes.placement import Placement, placement_for
+from airflow_spot.checkpoint.training import NOTICE_ANNOTATION
+from airflow_spot.exceptions import BackendError, ConfigError
+
+log = logging.getLogger(__name__)
+DELETE_POLICIES = ("always", "on_success", "never")
+OUTCOMES = {
+    Verdict.SUCCEEDED: Outcome.SUCCEEDED,
+    Verdict.PREEMPTED: Outcome.PREEMPTED,
+    Verdict.SPOT_UNAVAILABLE: Outcome.SPOT_UNAVAILABLE,
+    Verdict.INFRA_DISRUPTION: Outcome.INFRA_DISRUPTION,
+    Verdict.OOM_KILLED: Outcome.OOM_KILLED,
+    Verdict.APP_FAILURE: Outcome.APP_FAILURE,
+}
+
+
+@dataclass(frozen=True)
+class KubernetesBackend:
+    """Run attempts as pods.
+
+    :param image: the training image.
+    :param namespace: where pods go.
+    :param preset: ``"eks"``, ``"karpenter"``, ``"gke"``, ``"aks"``, or a custom
+        ``{"spot": Placement(...), "on_demand": Placement(...)}``.
+    :param kubernetes_conn_id: an Airflow Kubernetes connection (else ``config_file`` / in-cluster).
+    :param config_file: a kubeconfig path.
+    :param in_cluster: use the in-cluster service account.
+    :param gpus: ``nvidia.com/gpu`` limit of the training container.
+    :param resources: ``{"limits": {...}, "requests": {...}}``.
+    :param env: extra environment of the container.
+    :param env_from_secrets: Secret names exposed as environment.
+    :param service_account: the pod's service account.
+    :param mount_service_account_token: mount its token (off by default).
+    :param pod_template: a full pod (API JSON dict) the attempt pod is reconciled onto.
+    :param delete_pods: ``"always"`` (default), ``"on_success"`` or ``"never"``: what to do with
+        an attempt's pod once it ended.
+    :param pending_timeout_s: a spot pod unschedulable this long means spot is unavailable.
+    :param spot_cooldown_s: after a preemption or unavailable spot, how long spot counts as down.
+    :param grace_period_s: termination grace when a pod is cancelled.
+    """
+
+    image: str
+    namespace: str = "default"
+    preset: str | dict[str, Placement] = "karpenter"
+    kubernetes_conn_id: str | None = None
+    config_file: str | None = None
+    in_cluster: bool | None = None
+    gpus: int = 0
+    resources: dict[str, Any] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    env_from_secrets: tuple[str, ...] = ()
+    service_account: str | None = None
+    mount_service_account_token: bool = False
+    pod_template: dict[str, Any] | None = None
+    delete_pods: str = "always"
+    pending_timeout_s: float = 600.0
+    spot_cooldown_s: float = 900.0
+    grace_period_s: int = 30
+
+    name = "kubernetes"
+    time_scale = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise ConfigError(
+                "backend.image", "give the training image, e.g. 'ghcr.io/me/train:1.0'"
+            )
+        if self.delete_pods not in DELETE_POLICIES:
+            raise ConfigError(
+                "backend.delete_pods", f"must be one of {DELETE_POLICIES}, got {self.delete_pods!r}"
+            )
+        placement_for(self.preset, "spot")
+        placement_for(self.preset, "on_demand")
+
+    # -- configuration ----------------------------------------------------------------------
+    def market_spec(self, epoch: float) -> None:  # noqa: ARG002 - the real market is not replayed
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if isinstance(self.preset, dict):
+            d["preset"] = {k: asdict(v) for k, v in self.preset.items()}
+        d["kind"] = "kubernetes"
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KubernetesBackend:
+        d = {k: v for k, v in d.items() if k != "kind"}
+        if isinstance(d.get("preset"), dict):
+            d["preset"] = {
+                k: Placement(v["node_selector"], tuple(v["tolerations"]), v["affinity"])
+                for k, v in d["preset"].items()
+            }
+        d["env_from_secrets"] = tuple(d.get("env_from_secrets") or ())
+        return cls(**d)
+
+    @cached_property
+    def api(self):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        hook = KubernetesHook(
+            conn_id=self.kubernetes_conn_id,
+            config_file=self.config_file,
+            in_cluster=self.in_cluster,
+        )
+        return hook.core_v1_client
+
+    # -- attempts ---------------------------------------------------------------------------
+    def launch(
+        self,
+        ident: dict[str, Any],
+        attempt: int,
+        capacity: str,
+        command: list[str],
+        *,
+        checkpoint_uri: str,
+        changeover_wall_s: float = 0.0,
+        market: Any = None,
+        env: dict[str, str] | None = None,  # noqa: ARG002
+    ) -> dict[str, Any]:
+        """Create the attempt's pod (after removing any leftover pod of this task)."""
+        from airflow_spot.backends.kubernetes.pods import build_pod, pod_name, task_labels
+
+        labels = task_labels(
+            ident["dag_id"], ident["task_id"], ident["run_id"], int(ident.get("map_index", -1))
+        )
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        name = pod_name(ident["dag_id"], ident["task_id"], attempt, ident["run_id"])
+        for old in self.api.list_namespaced_pod(self.namespace, label_selector=selector).items:
+            log.warning(
+                "Deleting leftover pod %s of this task before attempt %d: at most one attempt pod at a time.",
+                old.metadata.name,
+                attempt,
+            )
+            self._delete(old.metadata.name, grace=0)
+        template = None
+        if self.pod_template:
+            from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+
+            template = PodGenerator.deserialize_model_dict(self.pod_template)
+        pod = build_pod(
+            name=name,
+            namespace=self.namespace,
+            image=self.image,
+            command=command,
+            capacity=capacity,
+            attempt=attempt,
+            try_number=int(ident.get("try_number", 1)),
+            labels=labels,
+            placement=placement_for(self.preset, capacity),
+            checkpoint_uri=checkpoint_uri,
+            env={**self.env, **(env or {})},
+            resources=self.resources,
+            gpus=self.gpus,
+            service_account=self.service_account,
+            mount_token=self.mount_service_account_token,
+            env_from_secrets=list(self.env_from_secrets),
+            pod_template=template,
+        )
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.create_namespaced_pod(self.namespace, pod)
+        except ApiException as e:
+            raise BackendError(f"could not create pod {name}: {e.status} {e.reason}") from e
+        return {
+            "kind": "kubernetes",
+            "namespace": self.namespace,
+            "pod": name,
+            "capacity": capacity,
+            "attempt": attempt,
+            "launched_at": time.time(),
+            "node": None,
+            "was_spot": capacity == "spot" or None,
+            "was_running": False,
+            "notice_sent": False,
+            "pending_since": time.time(),
+        }
+
+    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+        """Read pod, node and events; relay a notice; classify. Updates ``handle`` in place."""
+        pod = self._read_pod(handle["pod"])
+        node_name = (pod.spec.node_name if pod is not None and pod.spec else None) or handle.get(
+            "node"
+        )
+        node = self._read_node(node_name) if node_name else None
+        events = self._events(handle["pod"], node_name)
+        if pod is not None and node is not None:
+            handle["node"] = node_name
+            spot = node_is_spot(node)
+            if spot is not None:
+                handle["was_spot"] = spot
+        phase = pod.status.phase if pod is not None and pod.status else None
+        if phase == "Running":
+            handle["was_running"] = True
+        if phase != "Pending":
+            handle["pending_since"] = None
+        notice = (
+            interruption_notice(node, [e for e in events if _kind(e) != "Pod"])
+            if node is not None
+            else None
+        )
+        if notice and pod is not None and phase == "Running" and not handle.get("notice_sent"):
+            self._relay_notice(handle["pod"], notice)
+            handle["notice_sent"] = True
+        pending_for = time.time() - handle["pending_since"] if handle.get("pending_since") else 0.0
+        verdict = classify(
+            pod,
+            node,
+            events,
+            was_spot=handle.get("was_spot"),
+            was_running=bool(handle.get("was_running")),
+            pending_for_s=pending_for,
+            pending_timeout_s=self.pending_timeout_s,
+        )
+        if verdict.default_used:
+            log.warning(
+                "Pod %s: no known signal (%s); treating it as an infrastructure disruption.",
+                handle["pod"],
+                verdict.reason,
+            )
+        granted, started, finished = _times(pod)
+        base = dict(
+            capacity=handle["capacity"],
+            attempt=int(handle["attempt"]),
+            launched_at=float(handle["launched_at"]),
+            granted_at=granted,
+            started_at=started,
+            heartbeat=time.time(),
+            evidence={
+                "node": handle.get("node"),
+                "spot_node": handle.get("was_spot"),
+                "signals": list(verdict.evidence),
+                "notice": notice,
+            },
+        )
+        if verdict.verdict is Verdict.RUNNING:
+            return AttemptStatus(
+                State.PREEMPTING if handle.get("notice_sent") else State.RUNNING, **base
+            )
+        if verdict.verdict is Verdict.PENDING:
+            return AttemptStatus(
+                State.WAITING if handle["capacity"] == "spot" else State.LAUNCHING, **base
+            )
+        exit_code = _exit_code(pod)
+        return AttemptStatus(
+            State.ENDED,
+            ended_at=finished or time.time(),
+            outcome=OUTCOMES[verdict.verdict],
+            reason=verdict.reason,
+            exit_code=exit_code,
+            **base,
+        )
+
+    def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:  # noqa: ARG002
+        return None  # measured from checkpoints by the controller
+
+    def cancel(self, handle: dict[str, Any], wait_s: float = 60.0) -> AttemptStatus:
+        """Delete the pod and wait until it is gone."""
+        st = self.status(handle)
+        if st.terminal:
+            self.cleanup(handle, st.outcome.value if st.outcome else "")
+            return st
+        self._delete(handle["pod"], grace=self.grace_period_s)
+        until = time.time() + wait_s
+        while time.time() < until and self._read_pod(handle["pod"]) is not None:
+            time.sleep(0.2)
+        return AttemptStatus(
+            State.ENDED,
+            handle["capacity"],
+            int(handle["attempt"]),
+            float(handle["launched_at"]),
+            started_at=st.started_at,
+            granted_at=st.granted_at,
+            ended_at=time.time(),
+            outcome=Outcome.CANCELLED,
+            reason="pod deleted by the controller",
+        )
+
+    def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
+        """Delete an ended attempt's pod per ``delete_pods``."""
+        if self.delete_pods == "always" or (
+            self.delete_pods == "on_success" and outcome == Outcome.SUCCEEDED.value
+        ):
+            self._delete(handle["pod"], grace=0)
+
+    # -- API helpers ------------------------------------------------------------------------
+    def _read_pod(self, name: str):
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.api.read_namespaced_pod(name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise BackendError(f"reading pod {name}: {e.status} {e.reason}") from e
+
+    def _read_node(self, name: str):
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.api.read_node(name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise BackendError(f"reading node {name}: {e.status} {e.reason}") from e
+
+    def _events(self, pod_name: str, node_name: str | None) -> list[Any]:
+        out = list(
+            self.api.list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.name={pod_name}"
+            ).items
+        )
+        if node_name:
+            out += self.api.list_event_for_all_namespaces(
+                field_selector=f"involvedObject.name={node_name}"
+            ).items
+        return out
+
+    def _relay_notice(self, pod_name: str, notice: str) -> None:
+        log.warning(
+            "Node of pod %s shows an interruption warning (%s): setting %s so the container checkpoints now.",
+            pod_name,
+            notice,
+            NOTICE_ANNOTATION,
+        )
+        self.api.patch_namespaced_pod(
+            pod_name, self.namespace, {"metadata": {"annotations": {NOTICE_ANNOTATION: notice}}}
+        )
+
+    def _delete(self, name: str, grace: int) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
+        except ApiException as e:
+            if e.status != 404:
+                raise BackendError(f"deleting pod {name}: {e.status} {e.reason}") from e
+
+
+def _kind(event: Any) -> str:
+    inv = getattr(event, "involved_object", None)
+    return getattr(inv, "kind", "") or ""
+
+
+def _ts(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def _times(pod: Any) -> tuple[float | None, float | None, float | None]:
+    """(scheduled, container started, container finished) wall times from the pod."""
+    if pod is None or pod.status is None:
+        return None, None, None
+    granted = None
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "True":
+            granted = _ts(c.last_transition_time)
+    started = finished = None
+    for cs in pod.status.container_statuses or []:
+        st = cs.state
+        if st and st.running:
+            started = _ts(st.running.started_at)
+        if st and st.terminated:
+            started = started or _ts(st.terminated.started_at)
+            finished = _ts(st.terminated.finished_at)
+    return granted, started, finished
+
+
+def _exit_code(pod: Any) -> int | None:
+    if pod is None or pod.status is None:
+        return None
+    for cs in pod.status.container_statuses or []:
+        if cs.state and cs.state.terminated:
+            return cs.state.terminated.exit_code
+    return None
