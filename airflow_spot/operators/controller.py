@@ -7,7 +7,6 @@ import logging
 import shlex
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome
@@ -63,6 +62,14 @@ class Controller:
         st = self.state
         if event is not None and event.kind is EventKind.ERROR:
             log.warning("The watcher reported an error (%s); looking again.", event.message)
+        live = st.live
+        if (
+            event is not None
+            and event.handle
+            and live is not None
+            and _same_attempt(event.handle, live.handle)
+        ):
+            live.handle.update(event.handle)  # what the watcher recorded (node, capacity, notices)
         spot = self.market.available_at(now) if self.market else self._spot_guess(now)
         st.see_spot(spot, now)
         ended = self._refresh_live(now)
@@ -109,8 +116,11 @@ class Controller:
         from airflow_spot.triggers.watch import Watch
 
         live = self.state.live
+        backend = (
+            self.backend.to_dict() if getattr(self.backend, "name", "") == "kubernetes" else None
+        )
         watch = Watch(
-            live.handle if live else None, self.state.market, self.state.spot_last, wake_at
+            live.handle if live else None, self.state.market, self.state.spot_last, wake_at, backend
         )
         while True:
             ev = watch.poll_once()
@@ -160,7 +170,7 @@ class Controller:
             st.preemptions += 1
         elif outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value):
             st.failures += 1
-            tail = _log_tail(Path(rec.handle["run_dir"]) / "attempt.log")
+            tail = self.backend.log_tail(rec.handle)
             log.error(
                 "Attempt %d failed on healthy %s capacity: %s. Log tail:\n%s",
                 rec.attempt,
@@ -264,8 +274,8 @@ class Controller:
         if remaining > 0 and need > time_left + job.tick_s:
             raise InfeasibleDeadline(
                 "deadline",
-                f"cannot be met any more: {remaining / HOUR:.2f} h of work + changeover "
-                f"{(need - remaining) / HOUR:.2f} h > {time_left / HOUR:.2f} h left (measured {sps:.1f} s per step); "
+                f"cannot be met any more: {_dur(remaining)} of work + changeover "
+                f"{_dur(need - remaining)} > {_dur(time_left)} left (measured {sps:.1f} s per step); "
                 "give more time or cut the work",
             )
         obs = Observation(
@@ -354,7 +364,7 @@ class Controller:
             n,
             capacity.value,
             st.attempts[-1].step_start,
-            handle["run_dir"],
+            _where(handle),
         )
 
     def abandon(self) -> None:
@@ -427,11 +437,19 @@ class Controller:
         return out
 
 
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+def _same_attempt(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("run_dir", "pod", "attempt")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds / HOUR:.2f} h" if abs(seconds) >= 360 else f"{seconds:.0f} s"
+
+
+def _where(handle: dict[str, Any]) -> str:
+    if "run_dir" in handle:
+        return str(handle["run_dir"])
+    return f"pod {handle.get('namespace')}/{handle.get('pod')}"
 
 
 def _one_line(s: dict[str, Any]) -> str:

@@ -21,6 +21,9 @@ class SpotEvent:
     spot_available: bool | None = None
     status: dict[str, Any] | None = None
     message: str = ""
+    handle: dict[str, Any] | None = (
+        None  # the watcher's copy of the attempt handle (what it recorded)
+    )
 
     def to_payload(self) -> dict[str, Any]:
         return {
@@ -29,6 +32,7 @@ class SpotEvent:
             "spot_available": self.spot_available,
             "status": self.status,
             "message": self.message,
+            "handle": self.handle,
         }
 
     @classmethod
@@ -46,4 +50,5 @@ class SpotEvent:
             payload.get("spot_available"),
             payload.get("status"),
             payload.get("message", ""),
+            payload.get("handle"),
         )

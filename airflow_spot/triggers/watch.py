@@ -42,9 +42,11 @@ class Watch:
         if self.handle is not None:
             st = self.status(self.handle)
             if st.terminal:
-                return SpotEvent(EventKind.ATTEMPT_ENDED, now, spot, st.to_dict())
+                return SpotEvent(
+                    EventKind.ATTEMPT_ENDED, now, spot, st.to_dict(), handle=self.handle
+                )
         if spot is not None and self.spot_was is not None and spot != self.spot_was:
-            return SpotEvent(EventKind.MARKET_CHANGED, now, spot)
+            return SpotEvent(EventKind.MARKET_CHANGED, now, spot, handle=self.handle)
         if now >= self.wake_at:
-            return SpotEvent(EventKind.TICK, now, spot)
+            return SpotEvent(EventKind.TICK, now, spot, handle=self.handle)
         return None

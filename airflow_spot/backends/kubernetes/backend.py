@@ -228,6 +228,8 @@ class KubernetesBackend:
             if node is not None
             else None
         )
+        if notice:
+            handle["notice"] = notice  # kept: the node (and its taints) may be gone at the verdict
         if notice and pod is not None and phase == "Running" and not handle.get("notice_sent"):
             self._relay_notice(handle["pod"], notice)
             handle["notice_sent"] = True
@@ -240,6 +242,7 @@ class KubernetesBackend:
             was_running=bool(handle.get("was_running")),
             pending_for_s=pending_for,
             pending_timeout_s=self.pending_timeout_s,
+            notice=handle.get("notice"),
         )
         if verdict.default_used:
             log.warning(
@@ -259,7 +262,7 @@ class KubernetesBackend:
                 "node": handle.get("node"),
                 "spot_node": handle.get("was_spot"),
                 "signals": list(verdict.evidence),
-                "notice": notice,
+                "notice": handle.get("notice"),
             },
         )
         if verdict.verdict is Verdict.RUNNING:
@@ -304,6 +307,12 @@ class KubernetesBackend:
             outcome=Outcome.CANCELLED,
             reason="pod deleted by the controller",
         )
+
+    def log_tail(self, handle: dict[str, Any], lines: int = 15) -> str:
+        try:
+            return self.api.read_namespaced_pod_log(handle["pod"], self.namespace, tail_lines=lines)
+        except Exception as e:  # noqa: BLE001 - logs are best effort (the pod may be gone)
+            return f"(no log: {type(e).__name__})"
 
     def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
         """Delete an ended attempt's pod per ``delete_pods``."""

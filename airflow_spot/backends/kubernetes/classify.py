@@ -171,6 +171,7 @@ def classify(
     was_running: bool = False,
     pending_for_s: float = 0.0,
     pending_timeout_s: float = 600.0,
+    notice: str | None = None,
 ) -> Classification:
     """Classify a training pod.
 
@@ -180,12 +181,17 @@ def classify(
     :param was_spot: capacity recorded while the pod ran (the node may be gone now).
     :param was_running: the pod was seen running before.
     :param pending_for_s: how long the pod has been pending unschedulable.
+    :param notice: an interruption warning recorded earlier (its node may be gone now).
     """
     p, n = _d(pod), _d(node)
     evs = [_d(e) for e in events]
     spot = node_is_spot(n) if n else None
     spot = was_spot if spot is None else spot
     cloud = _cloud_evidence(n, evs) if (n or evs) else []
+    if notice and notice.startswith(
+        ("node taint aws-node", "node taint cloud.google", "event Spot", "scheduled event")
+    ):
+        cloud.append(f"recorded notice: {notice}")
 
     def reclaimed(why: str, *evidence: str) -> Classification:
         ev = tuple(evidence) + tuple(cloud)

@@ -153,6 +153,13 @@ class LocalBackend:
         """The attempt's status; a supervisor that died without a verdict reads as ``lost``."""
         return read_status(handle)
 
+    def log_tail(self, handle: dict[str, Any], lines: int = 15) -> str:
+        try:
+            text = (Path(handle["run_dir"]) / "attempt.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
     def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
         """Nothing to release: the supervisor is gone once the attempt ended."""
 

@@ -1,0 +1,560 @@
+"""Test doubles for a Kubernetes cluster, for our tests and our users' tests.
+
+* :class:`FakeKube`: an in-memory Kubernetes API server over HTTP on 127.0.0.1 (kmock's
+  emulator behind aiohttp, in a thread of its own), with server-side defaults, selectors and
+  watch fixes added. No real kube-apiserver can run on this machine (no Docker, no kind).
+* :class:`FakeCloud`: a kubelet and a cloud that schedule pods onto spot or on-demand nodes,
+  run each pod's command as a local process, and inject every preemption signal in the shape
+  a real cluster produces it.
+
+Needs the dev dependency ``kmock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import re
+import threading
+import uuid
+from pathlib import Path
+
+import aiohttp.test_utils
+import aiohttp.web
+import kmock
+from kmock._internal import enums
+
+_rv = itertools.count(1)
+
+
+def _path(obj, dotted):  # "involvedObject.name" -> obj["involvedObject"]["name"]
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return "" if obj is None else str(obj)
+
+
+def _match_labels(labels, selector):
+    for term in filter(None, (t.strip() for t in re.split(r",(?![^()]*\))", selector))):
+        if m := re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\((.*)\)", term):
+            vals = {v.strip() for v in m[3].split(",")}
+            if (labels.get(m[1]) in vals) != (m[2] == "in"):
+                return False
+        elif m := re.fullmatch(r"([\w./-]+)\s*(!=|==|=)\s*(.*)", term):
+            if (labels.get(m[1]) == m[3]) != (m[2] != "!="):
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _match_fields(obj, selector):
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, op, val = re.fullmatch(r"([\w.]+)\s*(!=|==|=)\s*(.*)", term).groups()
+        if (_path(obj, key) == val) != (op != "!="):
+            return False
+    return True
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """Set emulator.pod_logs[(ns, name)] = "text" to serve pods/log.
+    Adds server-side defaults on create, resourceVersion bumps, label/field selectors."""
+
+    keep_history = False  # kmock re-scans ALL past requests per request: O(n) latency growth
+
+    async def __call__(self, raw):
+        # kubernetes/kubernetes_asyncio send "?watch=True"; kmock only recognises "watch=true".
+        if raw.method == "GET" and raw.query.get("watch", "").lower() in ("true", "1"):
+            raw = raw.clone(rel_url=raw.rel_url.update_query(watch="true"))
+        try:
+            return await super().__call__(raw)
+        finally:  # forget the finished request (kmock.requests history is then unavailable)
+            if not self.keep_history:
+                for lst in [self._requests] + [p._requests for p in self._payloads]:
+                    lst[:] = [r for r in lst if r._raw_request is not raw]
+
+    async def _handle(self, request):
+        if (
+            request.subresource == "log" and request.method == "GET"
+        ):  # else kmock returns the pod JSON
+            if (request.resource, request.namespace, request.name) not in self.objects:
+                raise kmock.KubernetesObjectNotFoundError()
+            text = getattr(self, "pod_logs", {}).get((request.namespace, request.name), "")
+            return aiohttp.web.Response(text=text)
+        data = request.data if isinstance(request.data, dict) else None
+        if request.action == enums.action.CREATE and data is not None:
+            meta = data.setdefault("metadata", {})
+            if request.namespace:
+                meta.setdefault("namespace", request.namespace)
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault(
+                "creationTimestamp",
+                datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+            if request.resource.plural == "pods":
+                data.setdefault("status", {}).setdefault("phase", "Pending")
+        if request.action in (enums.action.CREATE, enums.action.UPDATE) and data is not None:
+            data.setdefault("metadata", {})["resourceVersion"] = str(next(_rv))
+        return await super()._handle(request)
+
+    def _keep(self, request, obj):
+        ls, fs = request.params.get("labelSelector"), request.params.get("fieldSelector")
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return (not ls or _match_labels(labels, ls)) and (not fs or _match_fields(obj, fs))
+
+    async def _serve_list(self, request):
+        result = await super()._serve_list(request)
+        result["items"] = [o for o in result["items"] if self._keep(request, o)]
+        result["metadata"]["resourceVersion"] = str(next(_rv))  # real-looking, not '...'
+        return result
+
+    async def _serve_watch(self, request):  # + selectors, + timeoutSeconds (kmock never ends)
+        agen, loop = super()._serve_watch(request), asyncio.get_running_loop()
+        deadline = loop.time() + float(request.params.get("timeoutSeconds") or 3600)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(agen.__anext__(), deadline - loop.time())
+                except (StopAsyncIteration, TimeoutError):
+                    return
+                if not isinstance(event, dict) or self._keep(request, event["object"]):
+                    yield event
+        finally:
+            await agen.aclose()
+
+
+class FakeKube:
+    """Start with FakeKube().start(); .url, .kubeconfig(path), .call(fn), .stop()."""
+
+    def __init__(self):
+        self.loop = self.emulator = self.url = None
+        self._ready, self._thread = threading.Event(), None
+
+    def start(self, timeout=10.0) -> FakeKube:
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._main()), name="fake-kube", daemon=True
+        )
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("fake kube-apiserver did not start")
+        if isinstance(self.url, BaseException):
+            raise self.url
+        return self
+
+    async def _main(self):
+        try:
+            self.loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            self.emulator = Emulator()
+            self.emulator.resources.load_bundled()
+            # RawTestServer instead of kmock.Server: the latter also monkeypatches aiohttp's
+            # TCPConnector._resolve_host process-wide (LIFO-only unpatching across threads).
+            async with (
+                self.emulator,
+                aiohttp.test_utils.RawTestServer(self.emulator, host="127.0.0.1", port=0) as srv,
+            ):
+                srv.runner._shutdown_timeout = 0.2  # default 60 s: open watches would block stop()
+                self.url = str(srv.make_url("")).rstrip("/")
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as e:
+            self.url = e
+            self._ready.set()
+
+    def call(self, fn, *args):
+        """Run fn(*args) (sync or async) on the server loop, e.g. to read/seed emulator.objects."""
+
+        async def _run():
+            r = fn(*args)
+            return await r if asyncio.iscoroutine(r) else r
+
+        return asyncio.run_coroutine_threadsafe(_run(), self.loop).result(10)
+
+    def stop(self, timeout=10.0):
+        if self._thread and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout)
+
+    def kubeconfig(self, path) -> str:
+        Path(path).write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{self.url}"}}}}]
+users: [{{name: fake, user: {{token: sekrit}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: fake, namespace: default}}}}]
+current-context: fake
+""")
+        return str(path)
+
+
+# --------------------------------------------------------------------------------------------
+# A small kubelet + cloud: schedules pods onto spot or on-demand nodes, runs each pod's command
+# as a local process (the container), emulates the downward-API annotations file, reports the
+# container's exit, and injects each preemption signal in its real shape.
+# --------------------------------------------------------------------------------------------
+import os as _os  # noqa: E402
+import signal as _signal  # noqa: E402
+import subprocess as _subprocess  # noqa: E402
+import time as _time  # noqa: E402
+
+SHUTDOWN_MSG = "Pod was terminated in response to imminent node shutdown."
+SIGNALS = ("karpenter", "nth", "graceful_shutdown", "pod_gc", "taint_manager", "vanish")
+CAPACITY_LABEL = {
+    "spot": ("karpenter.sh/capacity-type", "spot"),
+    "on_demand": ("karpenter.sh/capacity-type", "on-demand"),
+}
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeCloud:
+    """Kubelet and cloud for one namespace, stepping in a background thread.
+
+    ``plan`` maps the ordinal of a spot pod (1, 2, ...) to ``(signal, seconds_running)``: that
+    pod is reclaimed with that signal once it has run so long. ``spot_available`` decides
+    whether spot pods can be scheduled at all (``spot_gone_after_plan``: not after the plan).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str,
+        workdir: str | Path,
+        namespace: str = "default",
+        plan: dict[int, tuple[str, float]] | None = None,
+        grace_s: float = 3.0,
+        spot_gone_after_plan: bool = False,
+    ) -> None:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        self.api = KubernetesHook(config_file=kubeconfig).core_v1_client
+        self.ns = namespace
+        self.workdir = Path(workdir)
+        self.plan = dict(plan or {})
+        self.grace_s = grace_s
+        self.spot_available = True
+        self.spot_gone_after_plan = spot_gone_after_plan
+        self.procs: dict[str, _subprocess.Popen] = {}
+        self.started: dict[str, float] = {}
+        self.spot_ordinal: dict[str, int] = {}
+        self.injected: list[tuple[str, str]] = []  # (pod, signal)
+        self.reclaiming: dict[str, tuple[str, float]] = {}  # pod -> (signal, when the notice began)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._n = itertools.count(1)
+
+    # -- life -------------------------------------------------------------------------------
+    def start(self) -> FakeCloud:
+        self._thread = threading.Thread(target=self._loop, name="fake-cloud", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+        for p in self.procs.values():
+            self._kill(p, _signal.SIGKILL)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - keep the cluster alive; tests see the effects
+                print(f"fake cloud step failed: {e!r}")
+            _time.sleep(0.05)
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self) -> None:
+        pods = {p.metadata.name: p for p in self.api.list_namespaced_pod(self.ns).items}
+        for name in list(self.procs):
+            if name not in pods:  # deleted: the container goes with it
+                self._kill(self.procs.pop(name), _signal.SIGKILL)
+        for name, pod in pods.items():
+            phase = pod.status.phase if pod.status else "Pending"
+            if phase == "Pending" and name not in self.procs:
+                self._schedule(pod)
+            elif name in self.procs:
+                self._tend(pod)
+
+    def _schedule(self, pod) -> None:
+        cap = (pod.metadata.labels or {}).get("airflow-spot/capacity", "on_demand")
+        name = pod.metadata.name
+        if cap == "spot" and not self.spot_available:
+            self.api.patch_namespaced_pod_status(
+                name,
+                self.ns,
+                {
+                    "status": {
+                        "phase": "Pending",
+                        "conditions": [
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": "Unschedulable",
+                                "message": "0/3 nodes are available: no spot capacity",
+                            }
+                        ],
+                    }
+                },
+            )
+            return
+        node = f"{cap.replace('_', '-')}-node-{next(self._n)}"
+        key, value = CAPACITY_LABEL[cap]
+        self.api.create_node(
+            {
+                "metadata": {"name": node, "labels": {key: value}},
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "message": "kubelet is posting ready status",
+                        }
+                    ]
+                },
+            }
+        )
+        self.api.patch_namespaced_pod(name, self.ns, {"spec": {"nodeName": node}})
+        c = pod.spec.containers[0]
+        env = {**_os.environ, **{e.name: e.value for e in c.env or []}}
+        podinfo = self.workdir / name
+        podinfo.mkdir(parents=True, exist_ok=True)
+        env["AIRFLOW_SPOT_NOTICE_ANNOTATIONS"] = str(podinfo / "annotations")
+        self._write_annotations(pod, podinfo)
+        log = open(podinfo / "container.log", "ab")  # noqa: SIM115
+        self.procs[name] = _subprocess.Popen(
+            list(c.command) + list(c.args or []),
+            env=env,
+            stdout=log,
+            stderr=_subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.started[name] = _time.time()
+        if cap == "spot":
+            self.spot_ordinal[name] = len(self.spot_ordinal) + 1
+        now = _now_iso()
+        self.api.patch_namespaced_pod_status(
+            name,
+            self.ns,
+            {
+                "status": {
+                    "phase": "Running",
+                    "startTime": now,
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": "train",
+                            "image": c.image,
+                            "imageID": "",
+                            "ready": True,
+                            "restartCount": 0,
+                            "state": {"running": {"startedAt": now}},
+                        }
+                    ],
+                }
+            },
+        )
+
+    def _tend(self, pod) -> None:
+        name = pod.metadata.name
+        proc = self.procs[name]
+        self._write_annotations(pod, self.workdir / name)
+        rc = proc.poll()
+        if name in self.reclaiming:
+            sig, since = self.reclaiming[name]
+            if rc is None and _time.time() - since > self.grace_s:
+                self._kill(proc, _signal.SIGKILL)
+                rc = proc.wait()
+            if rc is not None:
+                self._finish_reclaim(pod, sig, rc)
+            return
+        if rc is not None:
+            self.procs.pop(name)
+            self._terminated(
+                name, "Succeeded" if rc == 0 else "Failed", rc, "Completed" if rc == 0 else "Error"
+            )
+            return
+        ordinal = self.spot_ordinal.get(name)
+        if ordinal in self.plan and _time.time() - self.started[name] >= self.plan[ordinal][1]:
+            self.inject(name, self.plan.pop(ordinal)[0])
+            if not self.plan and self.spot_gone_after_plan:
+                self.spot_available = False  # the market dries up: only on-demand is left
+
+    def _write_annotations(self, pod, podinfo: Path) -> None:
+        ann = pod.metadata.annotations or {}
+        text = "\n".join(f'{k}="{v}"' for k, v in sorted(ann.items()))
+        path = podinfo / "annotations"
+        if not path.exists() or path.read_text() != text:
+            tmp = podinfo / ".annotations.tmp"
+            tmp.write_text(text)
+            tmp.replace(path)
+
+    def _terminated(self, name: str, phase: str, rc: int, term_reason: str, **status) -> None:
+        now = _now_iso()
+        self.api.patch_namespaced_pod_status(
+            name,
+            self.ns,
+            {
+                "status": {
+                    "phase": phase,
+                    **status,
+                    "containerStatuses": [
+                        {
+                            "name": "train",
+                            "image": "x",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {
+                                "terminated": {
+                                    "exitCode": rc,
+                                    "reason": term_reason,
+                                    "finishedAt": now,
+                                }
+                            },
+                        }
+                    ],
+                }
+            },
+        )
+
+    # -- preemption signals -----------------------------------------------------------------
+    def inject(self, name: str, sig: str) -> None:
+        """Reclaim the spot node under pod ``name`` with one signal, in its real shape."""
+        if sig not in SIGNALS:
+            raise ValueError(f"unknown signal {sig!r}; one of {SIGNALS}")
+        pod = self.api.read_namespaced_pod(name, self.ns)
+        node = pod.spec.node_name
+        self.injected.append((name, sig))
+        proc = self.procs[name]
+        if sig in ("karpenter", "nth"):  # a notice first: the operator must relay it to the pod
+            if sig == "karpenter":
+                self.api.create_namespaced_event(
+                    "default",
+                    {
+                        "metadata": {"name": f"{node}.spot-interrupted"},
+                        "reason": "SpotInterrupted",
+                        "type": "Warning",
+                        "message": "Spot interruption warning was triggered",
+                        "involvedObject": {"kind": "Node", "name": node},
+                    },
+                )
+                taint = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+            else:
+                taint = {
+                    "key": "aws-node-termination-handler/spot-itn",
+                    "value": "evt-1",
+                    "effect": "NoSchedule",
+                }
+            self.api.patch_node(node, {"spec": {"taints": [taint]}})
+            self.reclaiming[name] = (sig, _time.time())
+        elif sig == "graceful_shutdown":
+            self._kill(proc, _signal.SIGTERM)
+            self.reclaiming[name] = (sig, _time.time())
+        else:  # the node is gone at once
+            self._kill(proc, _signal.SIGKILL)
+            proc.wait()
+            self.reclaiming[name] = (sig, _time.time())
+            self._finish_reclaim(pod, sig, -9)
+
+    def _finish_reclaim(self, pod, sig: str, rc: int) -> None:
+        name, node = pod.metadata.name, pod.spec.node_name
+        self.procs.pop(name, None)
+        self.reclaiming.pop(name, None)
+        if sig in ("karpenter", "nth"):
+            self._terminated(
+                name,
+                "Failed",
+                rc,
+                "Error",
+                conditions=[
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "EvictionByEvictionAPI",
+                        "message": "Eviction API: evicting",
+                    }
+                ],
+            )
+            self.api.delete_node(node)
+        elif sig == "graceful_shutdown":
+            self._terminated(
+                name,
+                "Failed",
+                rc,
+                "Error",
+                reason="Terminated",
+                message=SHUTDOWN_MSG,
+                conditions=[
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "TerminationByKubelet",
+                        "message": SHUTDOWN_MSG,
+                    }
+                ],
+            )
+        elif sig == "pod_gc":
+            self.api.delete_node(node)
+            self._terminated(
+                name,
+                "Failed",
+                rc,
+                "Error",
+                conditions=[
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "DeletionByPodGC",
+                        "message": "PodGC: node no longer exists",
+                    }
+                ],
+            )
+        elif sig == "taint_manager":
+            self.api.patch_node(
+                node,
+                {
+                    "spec": {
+                        "taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]
+                    },
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "Ready",
+                                "status": "Unknown",
+                                "message": "Kubelet stopped posting node status.",
+                            }
+                        ]
+                    },
+                },
+            )
+            self._terminated(
+                name,
+                "Failed",
+                rc,
+                "Error",
+                conditions=[
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "DeletionByTaintManager",
+                        "message": "Taint manager: deleting due to NoExecute taint",
+                    }
+                ],
+            )
+        elif sig == "vanish":
+            self.api.delete_node(node)
+            self.api.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+
+    @staticmethod
+    def _kill(proc: _subprocess.Popen, sig: int) -> None:
+        try:
+            _os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,55 @@
+"""A DAG the Kubernetes tests run with dag.test() against the fake API server and cloud."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+
+from airflow.sdk import DAG
+
+from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+from airflow_spot.operators import SpotTrainingOperator
+
+ROOT = os.environ.get("SPOT_K8S_DIR", "/tmp/airflow-spot-k8s")
+KUBECONFIG = os.environ.get("SPOT_K8S_KUBECONFIG", ROOT + "/kubeconfig")
+STEPS = int(os.environ.get("SPOT_K8S_STEPS", "200"))
+
+with DAG(
+    "spot_k8s", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc), catchup=False
+) as k8s_dag:
+    SpotTrainingOperator(
+        task_id="train",
+        command=os.environ.get("SPOT_K8S_COMMAND", "").split("|")
+        if os.environ.get("SPOT_K8S_COMMAND")
+        else [
+            sys.executable,
+            "-m",
+            "airflow_spot.examples.train_logreg",
+            "--steps",
+            str(STEPS),
+            "--step-seconds",
+            "0.05",
+            "--save-every",
+            "5",
+            "--seed",
+            "7",
+        ],
+        checkpoint_uri=ROOT + "/ckpt/{{ run_id | replace(':', '_') | replace('+', '_') }}",
+        expected_compute=timedelta(seconds=STEPS * 0.05),
+        total_steps=STEPS,
+        deadline=timedelta(seconds=float(os.environ.get("SPOT_K8S_DEADLINE_S", "30"))),
+        changeover=timedelta(seconds=0.5),
+        policy="deadline_aware",
+        max_failures=int(os.environ.get("SPOT_K8S_MAX_FAILURES", "1")),
+        backend=KubernetesBackend(
+            image="ghcr.io/airflow-spot/train:test",
+            config_file=KUBECONFIG,
+            preset="karpenter",
+            gpus=1,
+            spot_cooldown_s=float(os.environ.get("SPOT_K8S_COOLDOWN_S", "1")),
+            pending_timeout_s=2.0,
+        ),
+        decision_interval=timedelta(seconds=1),
+        poll_interval=0.1,
+    )
