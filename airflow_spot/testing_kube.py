@@ -193,6 +193,7 @@ current-context: fake
 # as a local process (the container), emulates the downward-API annotations file, reports the
 # container's exit, and injects each preemption signal in its real shape.
 # --------------------------------------------------------------------------------------------
+import contextlib
 import os as _os  # noqa: E402
 import signal as _signal  # noqa: E402
 import subprocess as _subprocess  # noqa: E402
@@ -554,7 +555,5 @@ class FakeCloud:
 
     @staticmethod
     def _kill(proc: _subprocess.Popen, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             _os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
