@@ -13,10 +13,15 @@ Needs the dev dependency ``kmock``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import itertools
+import os as _os
 import re
+import signal as _signal
+import subprocess as _subprocess
 import threading
+import time as _time
 import uuid
 from pathlib import Path
 
@@ -193,11 +198,6 @@ current-context: fake
 # as a local process (the container), emulates the downward-API annotations file, reports the
 # container's exit, and injects each preemption signal in its real shape.
 # --------------------------------------------------------------------------------------------
-import contextlib
-import os as _os  # noqa: E402
-import signal as _signal  # noqa: E402
-import subprocess as _subprocess  # noqa: E402
-import time as _time  # noqa: E402
 
 SHUTDOWN_MSG = "Pod was terminated in response to imminent node shutdown."
 SIGNALS = ("karpenter", "nth", "graceful_shutdown", "pod_gc", "taint_manager", "vanish")
