@@ -1,0 +1,204 @@
+"""The Kubernetes backend against an API server over HTTP: the pods it creates, re-attach after
+a worker restart, never adopting a dead pod, at most one attempt pod, cleanup."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+from airflow_spot.backends.kubernetes.placement import Placement
+from airflow_spot.exceptions import ConfigError
+from airflow_spot.operators import SpotTrainingOperator
+from airflow_spot.operators.spot_training import STATE_KEY
+from airflow_spot.testing import FileTaskStateStore, make_context
+from airflow_spot.testing_kube import FakeCloud, FakeKube
+
+IDENT = {
+    "dag_id": "nightly_train",
+    "task_id": "train",
+    "run_id": "manual__2026-01-01T00:00:00+00:00",
+    "map_index": -1,
+    "try_number": 2,
+}
+
+
+@pytest.fixture
+def kube(tmp_path: Path):
+    k = FakeKube().start()
+    yield k, k.kubeconfig(tmp_path / "kubeconfig")
+    k.stop()
+
+
+@pytest.mark.parametrize(
+    ("preset", "selector", "toleration"),
+    [
+        ("eks", {"eks.amazonaws.com/capacityType": "SPOT"}, None),
+        ("karpenter", {"karpenter.sh/capacity-type": "spot"}, None),
+        ("gke", {"cloud.google.com/gke-spot": "true"}, "cloud.google.com/gke-spot"),
+        (
+            "aks",
+            {"kubernetes.azure.com/scalesetpriority": "spot"},
+            "kubernetes.azure.com/scalesetpriority",
+        ),
+    ],
+)
+def test_spot_pod_shape(kube, preset, selector, toleration) -> None:
+    """A spot pod carries the preset's placement, the identity labels, a GPU limit, the notice
+    annotation exposed through the downward API, and secure defaults."""
+    _, cfg = kube
+    b = KubernetesBackend(
+        image="ghcr.io/me/train:1", config_file=cfg, namespace="default", preset=preset, gpus=2
+    )
+    h = b.launch(IDENT, 1, "spot", ["python", "-m", "train"], checkpoint_uri="s3://bucket/ckpt")
+    pod = b.api.read_namespaced_pod(h["pod"], "default")
+    assert pod.spec.node_selector == selector
+    assert (pod.spec.tolerations[0].key if pod.spec.tolerations else None) == toleration
+    labels = pod.metadata.labels
+    assert (
+        labels["airflow-spot/dag-id"] == "nightly_train"
+        and labels["airflow-spot/task-id"] == "train"
+    )
+    assert labels["airflow-spot/attempt"] == "1" and labels["airflow-spot/try-number"] == "2"
+    assert labels["airflow-spot/run-id"] == "manual__2026-01-01T00_00_00_00_00"
+    assert pod.metadata.annotations == {"airflow-spot/preemption-notice": ""}
+    c = pod.spec.containers[0]
+    assert c.resources.limits == {"nvidia.com/gpu": "2"}
+    env = {e.name: e.value for e in c.env}
+    assert (
+        env["AIRFLOW_SPOT_CHECKPOINT_URI"] == "s3://bucket/ckpt"
+        and env["AIRFLOW_SPOT_CAPACITY"] == "spot"
+    )
+    assert env["AIRFLOW_SPOT_NOTICE_ANNOTATIONS"] == "/etc/airflow-spot/podinfo/annotations"
+    assert pod.spec.volumes[0].downward_api.items[0].field_ref.field_path == "metadata.annotations"
+    assert (
+        c.security_context.allow_privilege_escalation is False
+        and c.security_context.run_as_non_root is True
+    )
+    assert pod.spec.automount_service_account_token is False
+    assert pod.spec.restart_policy == "Never"
+
+
+def test_on_demand_pod_avoids_spot_nodes(kube) -> None:
+    """On GKE an on-demand pod is kept off spot nodes by node affinity."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg, preset="gke")
+    pod = b.api.read_namespaced_pod(
+        b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c")["pod"], "default"
+    )
+    expr = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[
+        0
+    ].match_expressions[0]
+    assert (expr.key, expr.operator, expr.values) == (
+        "cloud.google.com/gke-spot",
+        "NotIn",
+        ["true"],
+    )
+
+
+def test_custom_preset_and_bad_settings(kube) -> None:
+    """A custom preset places pods as given; bad settings name the field."""
+    _, cfg = kube
+    custom = {"spot": Placement({"pool": "cheap"}), "on_demand": Placement({"pool": "steady"})}
+    b = KubernetesBackend(image="img", config_file=cfg, preset=custom)
+    pod = b.api.read_namespaced_pod(
+        b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")["pod"], "default"
+    )
+    assert pod.spec.node_selector == {"pool": "cheap"}
+    assert KubernetesBackend.from_dict(b.to_dict()) == b
+    with pytest.raises(ConfigError, match="preset: unknown preset 'mars'"):
+        KubernetesBackend(image="img", preset="mars")
+    with pytest.raises(ConfigError, match="backend.image"):
+        KubernetesBackend(image="")
+    with pytest.raises(ConfigError, match="backend.delete_pods"):
+        KubernetesBackend(image="img", delete_pods="sometimes")
+
+
+def test_at_most_one_attempt_pod(kube) -> None:
+    """Launching attempt 2 removes any leftover pod of the task first."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg)
+    b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    h2 = b.launch(IDENT, 2, "on_demand", ["x"], checkpoint_uri="/c")
+    names = [
+        p.metadata.name
+        for p in b.api.list_namespaced_pod(
+            "default", label_selector="airflow-spot/task-id=train"
+        ).items
+    ]
+    assert names == [h2["pod"]]
+
+
+def _operator(cfg: str, root: Path) -> SpotTrainingOperator:
+    return SpotTrainingOperator(
+        task_id="train",
+        command=[
+            sys.executable,
+            "-m",
+            "airflow_spot.examples.train_logreg",
+            "--steps",
+            "2000",
+            "--step-seconds",
+            "0.02",
+        ],
+        checkpoint_uri=str(root / "ckpt"),
+        expected_compute=timedelta(seconds=40),
+        total_steps=2000,
+        deadline=timedelta(seconds=300),
+        changeover=timedelta(seconds=1),
+        policy="greedy",
+        backend=KubernetesBackend(
+            image="img", config_file=cfg, preset="karpenter", spot_cooldown_s=0.5
+        ),
+        decision_interval=timedelta(seconds=5),
+        poll_interval=0.1,
+    )
+
+
+def test_worker_restart_reattaches_only_to_a_healthy_pod(kube, tmp_path: Path) -> None:
+    """Try 2 re-attaches to the running pod; after the pod is evicted by a drain, try 3 does not
+    adopt it: it records the verdict and starts a new pod, the only one of the task."""
+    _, cfg = kube
+    cloud = FakeCloud(cfg, tmp_path / "nodes").start()
+    try:
+        store = FileTaskStateStore(tmp_path / "state.json")
+        with pytest.raises(TaskDeferred):
+            _operator(cfg, tmp_path).execute(make_context(store))
+        pod1 = store.get(STATE_KEY)["attempts"][0]["handle"]["pod"]
+        until = time.time() + 20
+        while time.time() < until and pod1 not in cloud.procs:
+            time.sleep(0.05)
+        with pytest.raises(TaskDeferred):  # the worker died; a new try starts
+            _operator(cfg, tmp_path).execute(make_context(store, try_number=2))
+        st = store.get(STATE_KEY)
+        assert len(st["attempts"]) == 1 and st["current"] == 0  # re-attached, nothing new launched
+        cloud.inject(pod1, "pod_gc")  # the node is deleted; PodGC fails the pod
+        time.sleep(0.5)
+        with pytest.raises(TaskDeferred):
+            _operator(cfg, tmp_path).execute(make_context(store, try_number=3))
+        st = store.get(STATE_KEY)
+        assert st["attempts"][0]["outcome"] == "preempted"
+        assert len(st["attempts"]) == 2 and st["current"] == 1
+        api = KubernetesBackend(image="img", config_file=cfg).api
+        pods = [
+            p.metadata.name
+            for p in api.list_namespaced_pod(
+                "default", label_selector="airflow-spot/task-id=train"
+            ).items
+        ]
+        assert pods == [st["attempts"][1]["handle"]["pod"]]
+        _operator(cfg, tmp_path).on_kill()  # no live handle on a fresh operator: nothing happens
+        KubernetesBackend(image="img", config_file=cfg).cancel(
+            st["attempts"][1]["handle"], wait_s=5
+        )
+        assert (
+            api.list_namespaced_pod("default", label_selector="airflow-spot/task-id=train").items
+            == []
+        )
+    finally:
+        cloud.stop()
