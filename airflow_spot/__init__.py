@@ -34,6 +34,18 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "triggers": [
-            {"integration-name": "Spot training", "python-modules": ["airflow_spot.triggers.local"]}
+            {
+                "integration-name": "Spot training",
+                "python-modules": ["airflow_spot.triggers.local", "airflow_spot.triggers.sensors"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "Spot training",
+                "python-modules": ["airflow_spot.sensors.spot", "airflow_spot.sensors.checkpoint"],
+            }
+        ],
+        "hooks": [
+            {"integration-name": "Spot training", "python-modules": ["airflow_spot.hooks.aws"]}
         ],
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from airflow_spot.exceptions import CheckpointError, ConfigError
@@ -158,12 +158,13 @@ def validate_uri(uri: str, field: str = "checkpoint_uri") -> str:
     return uri
 
 
-def open_store(uri: str) -> Store:
-    """The store for a checkpoint URI (a path, ``file://`` or ``s3://bucket/prefix``)."""
+def open_store(uri: str, *, s3_client: Any = None) -> Store:
+    """The store for a checkpoint URI (a path, ``file://`` or ``s3://bucket/prefix``); an S3
+    client built from an Airflow connection may be given."""
     validate_uri(uri)
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, parsed.path)
+        return S3Store(parsed.netloc, parsed.path, client=s3_client)
     if parsed.scheme == "file":
         return LocalStore(parsed.path)
     return LocalStore(uri)

@@ -12,6 +12,7 @@ class EventKind(str, Enum):
     MARKET_CHANGED = "market_changed"  # spot came back or went away
     TICK = "tick"  # the decision interval passed: time to look again
     ERROR = "error"  # the watcher itself failed
+    CONDITION_MET = "condition_met"  # a sensor's condition holds; ``status`` carries its result
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from airflow_spot.triggers.local import (
     LocalAttemptTrigger,
     SpotPollingTrigger,
 )
+from airflow_spot.triggers.sensors import CheckpointTrigger, SpotPriceTrigger  # noqa: E402
 
-ALL_TRIGGERS = [LocalAttemptTrigger, KubernetesAttemptTrigger]
+ALL_TRIGGERS = [LocalAttemptTrigger, KubernetesAttemptTrigger, SpotPriceTrigger, CheckpointTrigger]
 
 
 def _subclasses(cls):
@@ -32,6 +33,40 @@ def test_every_trigger_is_listed_here() -> None:
 
 
 def _kwargs(cls, tmp_path: Path) -> dict:
+    if cls is SpotPriceTrigger:
+        return {
+            "instance_type": "p3.2xlarge",
+            "zones": ["us-east-1a"],
+            "threshold": 1.1,
+            "aws_conn_id": "aws_default",
+            "region_name": "us-east-1",
+            "poll_interval": 60.0,
+        }
+    if cls is CheckpointTrigger:
+        return {
+            "checkpoint_uri": "s3://b/p",
+            "min_step": 10,
+            "newer_than": None,
+            "aws_conn_id": None,
+            "poll_interval": 5.0,
+        }
+    if cls is SpotPriceTrigger:
+        return {
+            "instance_type": "p3.2xlarge",
+            "zones": ["us-east-1a"],
+            "threshold": 1.1,
+            "aws_conn_id": "aws_default",
+            "region_name": "us-east-1",
+            "poll_interval": 60.0,
+        }
+    if cls is CheckpointTrigger:
+        return {
+            "checkpoint_uri": "s3://b/p",
+            "min_step": 10,
+            "newer_than": None,
+            "aws_conn_id": None,
+            "poll_interval": 5.0,
+        }
     if cls is KubernetesAttemptTrigger:
         from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 

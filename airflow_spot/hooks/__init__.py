@@ -1,0 +1,1 @@
+"""Hooks: clients built lazily over Airflow connections."""
