@@ -67,7 +67,7 @@ def test_preemption_sends_notice_then_sigterm(tmp_path: Path) -> None:
     b, market = _backend(tmp_path, [(True, 2), (False, 100)])
     code = (
         "import signal, sys, time, os\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (open('term', 'w').write(str(os.path.exists(os.environ['AIRFLOW_SPOT_NOTICE_FILE']))), sys.exit(143)))\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (open(os.path.join(os.path.dirname(os.environ['AIRFLOW_SPOT_NOTICE_FILE']), 'term'), 'w').write(str(os.path.exists(os.environ['AIRFLOW_SPOT_NOTICE_FILE']))), sys.exit(143)))\n"
         "while True: time.sleep(0.01)"
     )
     h = b.launch(
@@ -124,7 +124,8 @@ def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
     code = (
         "import subprocess, sys, time\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.1)'])\n"
-        "open('child.pid', 'w').write(str(p.pid))\n"
+        "import os\n"
+        "open(os.path.join(os.path.dirname(os.environ['AIRFLOW_SPOT_NOTICE_FILE']), 'child.pid'), 'w').write(str(p.pid))\n"
         "while True: time.sleep(0.1)"
     )
     h = b.launch(
@@ -142,7 +143,7 @@ def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
     until = time.time() + 10
     while (
         time.time() < until
-        and not list(Path.cwd().glob("child.pid"))
+        and not (h_dir / "child.pid").exists()
         and not (h_dir / "status.json").exists()
     ):
         time.sleep(0.05)
