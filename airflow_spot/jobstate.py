@@ -33,6 +33,10 @@ class AttemptRecord:
     step_end: int | None = None
     ckpt_step_end: int | None = None
     price: float = 0.0
+    pool: str = ""  # the spot pool (zone) it ran in
+    prices: list[list[float]] = field(
+        default_factory=list
+    )  # [wall, price per hour] at each price change
     first_step: int | None = None  # first progress report seen (steady-state throughput)
     first_step_at: float | None = None
     last_step_at: float | None = None
@@ -145,7 +149,8 @@ class JobState:
     def ledger(
         self, now: float, seconds_per_step: float, on_demand_price: float, work_s: float
     ) -> Ledger:
-        """Segments of the job so far: idle gaps, waits, changeovers and runs of each attempt."""
+        """Segments of the job so far: idle gaps, waits, changeovers and runs of each attempt,
+        each piece billed at the price that applied then (a spot pool's price may change)."""
         led = Ledger(work_s, self.deadline_s, on_demand_price)
         cursor = 0.0
         for a in self.attempts:
@@ -155,6 +160,7 @@ class JobState:
             t_start = self.market_s(a.started_at) if a.started_at else None
             t_end = self.market_s(a.ended_at or now)
             p0 = a.step_start * seconds_per_step
+            schedule = [(self.market_s(w), p) for w, p in a.prices] or [(t_launch, a.price)]
             if t_launch > cursor:
                 led.add(Segment(Capacity.NONE, Phase.IDLE, cursor, t_launch, p0, p0))
             if t_grant > t_launch:
@@ -172,41 +178,68 @@ class JobState:
             launch_end = t_end if t_start is None else t_start
             ended = a.outcome or ""
             if launch_end > t_grant:
-                led.add(
-                    Segment(
-                        cap,
-                        Phase.LAUNCHING,
-                        t_grant,
-                        launch_end,
-                        p0,
-                        p0,
-                        a.price,
-                        attempt=a.attempt,
-                        ended_by=ended if t_start is None else "",
+                for lo, hi, price in _pieces(t_grant, launch_end, schedule):
+                    last = hi >= launch_end
+                    led.add(
+                        Segment(
+                            cap,
+                            Phase.LAUNCHING,
+                            lo,
+                            hi,
+                            p0,
+                            p0,
+                            price,
+                            a.pool,
+                            a.attempt,
+                            ended_by=ended if (t_start is None and last) else "",
+                        )
                     )
-                )
             if t_start is not None:
                 step_end = a.step_end if a.step_end is not None else a.step_start
                 kept = a.ckpt_step_end if a.ckpt_step_end is not None else step_end
-                lost = (
-                    max(0, step_end - kept) * seconds_per_step
-                    if a.outcome
-                    in ("preempted", "cancelled", "infra_disruption", "app_failure", "oom_killed")
-                    else 0.0
+                failed = a.outcome in (
+                    "preempted",
+                    "cancelled",
+                    "infra_disruption",
+                    "app_failure",
+                    "oom_killed",
                 )
-                led.add(
-                    Segment(
-                        cap,
-                        Phase.RUNNING,
-                        t_start,
-                        t_end,
-                        p0,
-                        step_end * seconds_per_step,
-                        a.price,
-                        attempt=a.attempt,
-                        ended_by=ended,
-                        lost_s=lost,
+                lost = max(0, step_end - kept) * seconds_per_step if failed else 0.0
+                p1 = step_end * seconds_per_step
+                span = max(t_end - t_start, 1e-9)
+                for lo, hi, price in _pieces(t_start, t_end, schedule):
+                    last = hi >= t_end
+                    led.add(
+                        Segment(
+                            cap,
+                            Phase.RUNNING,
+                            lo,
+                            hi,
+                            p0 + (p1 - p0) * (lo - t_start) / span,
+                            p0 + (p1 - p0) * (hi - t_start) / span,
+                            price,
+                            a.pool,
+                            a.attempt,
+                            ended_by=ended if last else "",
+                            lost_s=lost if last else 0.0,
+                        )
                     )
-                )
             cursor = max(cursor, t_end)
         return led
+
+
+def _pieces(
+    lo: float, hi: float, schedule: list[tuple[float, float]]
+) -> list[tuple[float, float, float]]:
+    """Split [lo, hi] where the price schedule ``[(time, price), ...]`` changes."""
+    price = schedule[0][1]
+    for t, p in schedule:
+        if t <= lo:
+            price = p
+    out, start = [], lo
+    for t, p in schedule:
+        if lo < t < hi:
+            out.append((start, t, price))
+            start, price = t, p
+    out.append((start, hi, price))
+    return out

@@ -48,13 +48,22 @@ def make_context(store: FileTaskStateStore, **ti: Any) -> dict[str, Any]:
     return {"task_state_store": store, "ti": FakeTaskInstance(**ti)}
 
 
-def scripted_trace(path: str | Path, pattern: list[tuple[bool, int]], gap_s: int = 600) -> Path:
-    """Write a market trace (availability polarity) from ``[(spot_up, ticks), ...]``."""
+def scripted_trace(
+    path: str | Path,
+    pattern: list[tuple[bool, int]],
+    gap_s: int = 600,
+    prices: list[tuple[float, int]] | None = None,
+) -> Path:
+    """Write a market trace (availability polarity) from ``[(spot_up, ticks), ...]`` and, if
+    given, per-tick prices from ``[(price, ticks), ...]`` (the last price fills the rest)."""
     data = [1 if up else 0 for up, n in pattern for _ in range(n)]
+    doc: dict[str, Any] = {
+        "metadata": {"gap_seconds": gap_s, "note": "scripted test market"},
+        "data": data,
+    }
+    if prices:
+        series = [p for p, n in prices for _ in range(n)]
+        doc["prices"] = (series + [series[-1]] * len(data))[: len(data)]
     p = Path(path)
-    p.write_text(
-        json.dumps(
-            {"metadata": {"gap_seconds": gap_s, "note": "scripted test market"}, "data": data}
-        )
-    )
+    p.write_text(json.dumps(doc))
     return p

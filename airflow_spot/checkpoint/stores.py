@@ -67,12 +67,15 @@ class LocalStore:
             raise CheckpointError(f"{self.uri}/{key} does not exist") from e
 
     def list(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
-            return []
+        """Keys under ``prefix``; safe while a writer adds and retention deletes (os.walk skips
+        folders that vanish mid-walk)."""
         out = []
-        for p in self.root.rglob("*"):
-            if p.is_file() and not p.name.startswith("."):
-                key = p.relative_to(self.root).as_posix()
+        for folder, _dirs, files in os.walk(self.root):
+            rel = Path(folder).relative_to(self.root)
+            for name in files:
+                if name.startswith("."):
+                    continue
+                key = (rel / name).as_posix() if rel.parts else name
                 if key.startswith(prefix):
                     out.append(key)
         return sorted(out)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome
-from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
+from airflow_spot.backends.local.market import Pools
 from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
 from airflow_spot.checkpoint.stores import open_store
 from airflow_spot.exceptions import (
@@ -46,9 +46,7 @@ class Controller:
         self.state = state
         self.context = context
         self.backend = op._backend()
-        self.market = (
-            ReplayMarket.load(MarketSpec.from_dict(state.market)) if state.market else None
-        )
+        self.pools = Pools.load(state.market) if state.market else None
         self.checkpoint_uri = str(op.checkpoint_uri)
         self.checkpoints = Checkpoints(open_store(self.checkpoint_uri))
         self.policy = get_policy(op.policy)
@@ -70,7 +68,11 @@ class Controller:
             and _same_attempt(event.handle, live.handle)
         ):
             live.handle.update(event.handle)  # what the watcher recorded (node, capacity, notices)
-        spot = self.market.available_at(now) if self.market else self._spot_guess(now)
+        spot = (
+            self.pools.available_at(now, self._cooling(now))
+            if self.pools
+            else self._spot_guess(now)
+        )
         st.see_spot(spot, now)
         ended = self._refresh_live(now)
         if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
@@ -92,12 +94,45 @@ class Controller:
                 f"{st.infra_disruptions} attempts lost to infrastructure; giving up on this try"
             )
         live = st.live
-        if live is not None and live.capacity == "spot" and spot is False:
+        if live is not None and live.capacity == "spot" and self._pool_down(live, now, spot):
             # capacity is being reclaimed: the verdict arrives within notice + grace; wait for it
             return StepResult(False, wake_at=now + self.op.poll_interval)
+        self._track_price(now)
         decision, job, obs = self._decide(now, spot)
         self._act(decision, now, job, obs)
         return StepResult(False, wake_at=now + self.op.decision_interval.total_seconds())
+
+    def _pool_down(self, live: AttemptRecord, now: float, spot: bool | None) -> bool:
+        if self.pools and live.pool in self.pools.names:
+            return not self.pools.market(live.pool).available_at(now)
+        return spot is False
+
+    def _cooling(self, now: float) -> set[str]:
+        """Pools that preempted the job less than their cool-down ago (kept out of launches)."""
+        cool = self.pools.cooldown_wall_s if self.pools else 0.0
+        return {
+            a.pool
+            for a in self.state.attempts
+            if a.capacity == "spot"
+            and a.pool
+            and a.outcome == "preempted"
+            and a.ended_at
+            and now - a.ended_at < cool
+        }
+
+    def _track_price(self, now: float) -> None:
+        """Record the live spot attempt's price when its pool's price changes (the ledger bills by it)."""
+        live = self.state.live
+        if (
+            live is None
+            or live.capacity != "spot"
+            or not self.pools
+            or live.pool not in self.pools.names
+        ):
+            return
+        price = self.pools.price(live.pool, now, self.op.spot_price)
+        if not live.prices or live.prices[-1][1] != price:
+            live.prices.append([now, price])
 
     def _spot_guess(self, now: float) -> bool:
         """Without a replayed market: spot counts as down for a cool-down after it was lost."""
@@ -337,33 +372,47 @@ class Controller:
             "map_index": getattr(ti, "map_index", -1),
             "try_number": getattr(ti, "try_number", 1),
         }
-        changeover_wall = self.op.changeover.total_seconds()
+        now = time.time()
+        pool, market, price = "", None, job.on_demand_price
+        if self.pools:
+            if capacity is Capacity.SPOT:
+                pool = (
+                    self.pools.choose(now, self._cooling(now), job.spot_price)
+                    or self.pools.names[0]
+                )
+                price = self.pools.price(pool, now, job.spot_price)
+            market = self.pools.market(pool or self.pools.names[0]).spec
+        elif capacity is Capacity.SPOT:
+            price = job.spot_price
         handle = self.backend.launch(
             ident,
             n,
             capacity.value,
             self.command,
             checkpoint_uri=self.checkpoint_uri,
-            changeover_wall_s=changeover_wall,
-            market=MarketSpec.from_dict(st.market) if st.market else None,
+            changeover_wall_s=self.op.changeover.total_seconds(),
+            market=market,
         )
-        price = job.spot_price if capacity is Capacity.SPOT else job.on_demand_price
-        st.attempts.append(
-            AttemptRecord(
-                n,
-                capacity.value,
-                handle,
-                time.time(),
-                step_start=latest.step if latest else 0,
-                price=price,
-            )
-        )
-        st.current = len(st.attempts) - 1
-        log.info(
-            "Launched attempt %d on %s from checkpoint step %d (%s).",
+        rec = AttemptRecord(
             n,
             capacity.value,
-            st.attempts[-1].step_start,
+            handle,
+            now,
+            step_start=latest.step if latest else 0,
+            price=price,
+            pool=pool,
+        )
+        if capacity is Capacity.SPOT:
+            rec.prices.append([now, price])
+        st.attempts.append(rec)
+        st.current = len(st.attempts) - 1
+        log.info(
+            "Launched attempt %d on %s%s at $%.4f/h from checkpoint step %d (%s).",
+            n,
+            capacity.value,
+            f" in pool {pool}" if pool else "",
+            price,
+            rec.step_start,
             _where(handle),
         )
 

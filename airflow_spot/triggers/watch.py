@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_spot.backends.local.backend import read_status
-from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
+from airflow_spot.backends.local.market import Pools
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
 
@@ -26,7 +26,7 @@ class Watch:
     backend: dict[str, Any] | None = None  # a Kubernetes backend's settings; None = local
 
     def __post_init__(self) -> None:
-        self._market = ReplayMarket.load(MarketSpec.from_dict(self.market)) if self.market else None
+        self._market = Pools.load(self.market) if self.market else None
         self._k8s = None
         if self.backend and self.backend.get("kind") == "kubernetes":
             from airflow_spot.backends.kubernetes.backend import KubernetesBackend

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
-from airflow_spot.backends.local.market import MarketSpec
+from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
 from airflow_spot.exceptions import BackendError, ConfigError
 
@@ -36,6 +36,9 @@ class LocalBackend:
     :param notice_s: wall seconds between the preemption notice and SIGTERM.
     :param grace_s: wall seconds between SIGTERM and SIGKILL.
     :param work_dir: where attempt folders go (default ``$AIRFLOW_HOME/spot_runs``).
+    :param pools: several spot pools (zones), each replayed from its own trace; every spot
+        launch goes to the cheapest pool with capacity, and a pool that preempted the job is
+        kept out for ``pool_cooldown_h`` trace hours. Empty: one market from ``trace``.
     """
 
     trace: str | None = None
@@ -46,6 +49,8 @@ class LocalBackend:
     grace_s: float = 3.0
     work_dir: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    pools: tuple[Pool, ...] = ()
+    pool_cooldown_h: float = 1.0
 
     name = "local"
 
@@ -55,23 +60,47 @@ class LocalBackend:
                 "backend.time_scale",
                 f"must be > 0 (trace seconds per wall second), got {self.time_scale}",
             )
+        if len({p.name for p in self.pools}) != len(self.pools):
+            raise ConfigError("backend.pools", "pool names must be unique")
         if self.notice_s < 0 or self.grace_s < 0:
             raise ConfigError("backend.grace_s", "notice_s and grace_s must be >= 0 seconds")
 
     # -- configuration ----------------------------------------------------------------------
     def trace_path(self) -> str:
         """The market's trace file; ``bundled:<name>`` names a sample shipped with the package."""
-        name = self.trace or f"bundled:{DEFAULT_TRACE}"
+        return self._resolve(self.trace or f"bundled:{DEFAULT_TRACE}")
+
+    def market_spec(self, epoch: float) -> MarketSpec | PoolsSpec:
+        if self.pools:
+            return PoolsSpec(
+                tuple(
+                    (
+                        p.name,
+                        MarketSpec(
+                            self._resolve(p.trace),
+                            p.polarity,
+                            None,
+                            self.time_scale,
+                            epoch,
+                            self.offset,
+                            p.spot_price,
+                        ),
+                    )
+                    for p in self.pools
+                ),
+                self.pool_cooldown_h * 3600.0 / self.time_scale,
+            )
+        return MarketSpec(
+            self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset
+        )
+
+    @staticmethod
+    def _resolve(name: str) -> str:
         if name.startswith("bundled:"):
             from importlib.resources import files
 
             return str(files("airflow_spot") / "data" / "traces" / name.removeprefix("bundled:"))
         return name
-
-    def market_spec(self, epoch: float) -> MarketSpec:
-        return MarketSpec(
-            self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset
-        )
 
     def root(self) -> Path:
         if self.work_dir:

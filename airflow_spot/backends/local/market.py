@@ -85,3 +85,80 @@ class ReplayMarket:
 
     def market_seconds(self, wall_from: float, wall_to: float) -> float:
         return (wall_to - wall_from) * self.spec.time_scale
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One spot pool (zone, instance type or node pool) replayed from its own trace.
+
+    :param spot_price: price per hour; ``None`` takes the trace's own per-tick prices, or the
+        operator's ``spot_price`` when the trace has none.
+    """
+
+    name: str
+    trace: str
+    polarity: str | None = "unavailable"
+    spot_price: float | None = None
+
+
+@dataclass(frozen=True)
+class PoolsSpec:
+    """Several pools on one clock: what the state store keeps for a multi-pool market."""
+
+    pools: tuple[tuple[str, MarketSpec], ...]
+    cooldown_wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pools": [{"name": n, "spec": s.to_dict()} for n, s in self.pools],
+            "cooldown_wall_s": self.cooldown_wall_s,
+        }
+
+
+class Pools:
+    """One or more replayed pools. Spot is up when a pool out of cool-down has capacity; a
+    launch goes to the cheapest such pool."""
+
+    def __init__(
+        self, entries: list[tuple[str, ReplayMarket]], cooldown_wall_s: float = 0.0
+    ) -> None:
+        self.entries = entries
+        self.cooldown_wall_s = cooldown_wall_s
+
+    @classmethod
+    def load(cls, d: dict[str, Any]) -> Pools:
+        if "pools" in d:
+            return cls(
+                [
+                    (p["name"], ReplayMarket.load(MarketSpec.from_dict(p["spec"])))
+                    for p in d["pools"]
+                ],
+                float(d.get("cooldown_wall_s", 0.0)),
+            )
+        return cls([("default", ReplayMarket.load(MarketSpec.from_dict(d)))])
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.entries]
+
+    def market(self, name: str) -> ReplayMarket:
+        return dict(self.entries)[name]
+
+    def available_at(self, wall: float, cooling: frozenset[str] | set[str] = frozenset()) -> bool:
+        return any(m.available_at(wall) for n, m in self.entries if n not in cooling)
+
+    def price(self, name: str, wall: float, default: float) -> float:
+        return self.market(name).spot_price_at(wall, default)
+
+    def choose(
+        self, wall: float, cooling: frozenset[str] | set[str], default_price: float
+    ) -> str | None:
+        """The cheapest pool with capacity now that is not cooling down (None if there is none)."""
+        best: tuple[float, str] | None = None
+        for n, m in self.entries:
+            if n in cooling or not m.available_at(wall):
+                continue
+            p = m.spot_price_at(wall, default_price)
+            if best is None or p < best[0]:
+                best = (p, n)
+        return None if best is None else best[1]

@@ -1,0 +1,75 @@
+"""The operator over several spot pools: cheapest pool with capacity, cool-down after a
+preemption, and a ledger priced at the price that applied at each moment."""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.backends.local import LocalBackend
+from airflow_spot.backends.local.market import Pool
+from airflow_spot.exceptions import ConfigError
+from airflow_spot.operators import SpotTrainingOperator
+from airflow_spot.operators.spot_training import STATE_KEY
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+
+
+def test_cheapest_pool_cooldown_and_time_varying_prices(tmp_path: Path) -> None:
+    """Spot starts in the cheap pool; when it is reclaimed the job moves to the dearer pool (the
+    cheap one cools down); the dearer pool's price drops mid-run and the ledger bills both prices."""
+    cheap = scripted_trace(tmp_path / "cheap.json", [(True, 6), (False, 2000)], prices=[(1.0, 10)])
+    dear = scripted_trace(tmp_path / "dear.json", [(True, 2000)], prices=[(2.0, 15), (1.5, 10)])
+    op = SpotTrainingOperator(
+        task_id="train",
+        command=[
+            sys.executable,
+            "-m",
+            "airflow_spot.examples.train_logreg",
+            "--steps",
+            "80",
+            "--step-seconds",
+            "0.05",
+            "--save-every",
+            "5",
+        ],
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        expected_compute=timedelta(seconds=4),
+        total_steps=80,
+        deadline=timedelta(seconds=12),
+        changeover=timedelta(seconds=0.1),
+        policy="greedy",
+        on_demand_price=3.06,
+        backend=LocalBackend(
+            pools=(Pool("cheap", str(cheap), "available"), Pool("dear", str(dear), "available")),
+            time_scale=3600.0,
+            work_dir=str(tmp_path / "runs"),
+            notice_s=0.1,
+            grace_s=1.0,
+        ),
+        decision_interval=timedelta(seconds=0.5),
+        poll_interval=0.05,
+        deferrable=False,
+    )
+    store = FileTaskStateStore(tmp_path / "state.json")
+    summary = op.execute(make_context(store))
+    attempts = store.get(STATE_KEY)["attempts"]
+    assert (attempts[0]["pool"], attempts[0]["outcome"]) == ("cheap", "preempted")
+    assert attempts[1]["pool"] == "dear" and attempts[-1]["outcome"] == "succeeded"
+    prices = {round(s["price_per_h"], 2) for s in summary["segments"] if s["pool"] == "dear"}
+    assert prices == {2.0, 1.5}
+    billed = sum(
+        (s["end_s"] - s["start_s"]) / 3600 * s["price_per_h"]
+        for s in summary["segments"]
+        if s["phase"] != "idle"
+    )
+    assert summary["cost"] == pytest.approx(billed, rel=1e-6)
+    assert summary["deadline_met"] is True
+
+
+def test_duplicate_pool_names_are_rejected() -> None:
+    """Two pools with one name are a configuration error naming backend.pools."""
+    with pytest.raises(ConfigError, match="backend.pools"):
+        LocalBackend(pools=(Pool("a", "x.json"), Pool("a", "y.json")))
