@@ -30,3 +30,18 @@ def airflow_db() -> Path:
             [sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True
         )
     return home
+
+
+@pytest.fixture(autouse=True)
+def _time_limit(request):
+    """No test may hang CI: each gets at most 240 s (SIGALRM raises in the main thread)."""
+    import signal
+
+    def on_alarm(signum, frame):  # noqa: ARG001
+        raise TimeoutError(f"{request.node.nodeid} ran past its 240 s limit")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(240)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

@@ -103,7 +103,11 @@ class Controller:
         return StepResult(False, wake_at=now + self.op.decision_interval.total_seconds())
 
     def _pool_down(self, live: AttemptRecord, now: float, spot: bool | None) -> bool:
-        if self.pools and live.pool in self.pools.names:
+        """The replayed market has taken the live attempt's spot capacity (its verdict is coming).
+        Without a replayed market (Kubernetes) the pod's own status says so: never wait here."""
+        if not self.pools:
+            return False
+        if live.pool in self.pools.names:
             return not self.pools.market(live.pool).available_at(now)
         return spot is False
 
