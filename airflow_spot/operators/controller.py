@@ -134,9 +134,24 @@ class Controller:
             or live.pool not in self.pools.names
         ):
             return
-        price = self.pools.price(live.pool, now, self.op.spot_price)
+        price = self.pools.price(live.pool, now, self.op.spot_price, self._live_price)
         if not live.prices or live.prices[-1][1] != price:
             live.prices.append([now, price])
+
+    def _live_price(self, source: dict[str, Any]) -> float:
+        """A pool's live spot price through its Airflow AWS connection (cached by the hook)."""
+        key = (source.get("aws_conn_id"), source.get("region_name"))
+        hooks = self.__dict__.setdefault("_hooks", {})
+        if key not in hooks:
+            from airflow_spot.hooks.aws import SpotMarketHook
+
+            hooks[key] = SpotMarketHook(aws_conn_id=key[0], region_name=key[1])
+        prices = hooks[key].current_spot_prices(source["instance_type"], [source["zone"]])
+        if source["zone"] not in prices:
+            raise BackendError(
+                f"no live spot price for {source['instance_type']} in {source['zone']}"
+            )
+        return prices[source["zone"]]
 
     def _spot_guess(self, now: float) -> bool:
         """Without a replayed market: spot counts as down for a cool-down after it was lost."""
@@ -381,10 +396,10 @@ class Controller:
         if self.pools:
             if capacity is Capacity.SPOT:
                 pool = (
-                    self.pools.choose(now, self._cooling(now), job.spot_price)
+                    self.pools.choose(now, self._cooling(now), job.spot_price, self._live_price)
                     or self.pools.names[0]
                 )
-                price = self.pools.price(pool, now, job.spot_price)
+                price = self.pools.price(pool, now, job.spot_price, self._live_price)
             market = self.pools.market(pool or self.pools.names[0]).spec
         elif capacity is Capacity.SPOT:
             price = job.spot_price

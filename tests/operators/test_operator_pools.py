@@ -73,3 +73,65 @@ def test_duplicate_pool_names_are_rejected() -> None:
     """Two pools with one name are a configuration error naming backend.pools."""
     with pytest.raises(ConfigError, match="backend.pools"):
         LocalBackend(pools=(Pool("a", "x.json"), Pool("a", "y.json")))
+
+
+def test_live_price_through_an_airflow_connection(tmp_path: Path) -> None:
+    """A pool priced live through an AWS connection (moto server over HTTP) is chosen when it is
+    the cheapest, and the ledger bills the live price."""
+    import json
+    import os
+
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ["AIRFLOW_CONN_AWS_LIVE_PRICES"] = json.dumps(
+        {
+            "conn_type": "aws",
+            "login": "testing",
+            "password": "testing",
+            "extra": {"region_name": "us-east-1", "endpoint_url": f"http://{host}:{port}"},
+        }
+    )
+    try:
+        up = scripted_trace(tmp_path / "up.json", [(True, 2000)], prices=[(1.0, 10)])
+        live = {"aws_conn_id": "aws_live_prices", "instance_type": "m5.large", "zone": "us-east-1a"}
+        op = SpotTrainingOperator(
+            task_id="train",
+            command=[
+                sys.executable,
+                "-m",
+                "airflow_spot.examples.train_logreg",
+                "--steps",
+                "20",
+                "--step-seconds",
+                "0.02",
+            ],
+            checkpoint_uri=str(tmp_path / "ckpt"),
+            expected_compute=timedelta(seconds=1),
+            total_steps=20,
+            deadline=timedelta(seconds=30),
+            changeover=timedelta(seconds=0.1),
+            policy="greedy",
+            backend=LocalBackend(
+                pools=(
+                    Pool("trace", str(up), "available"),
+                    Pool("live", str(up), "available", price_from=live),
+                ),
+                time_scale=3600.0,
+                work_dir=str(tmp_path / "runs"),
+            ),
+            decision_interval=timedelta(seconds=0.5),
+            poll_interval=0.05,
+            deferrable=False,
+        )
+        store = FileTaskStateStore(tmp_path / "state.json")
+        summary = op.execute(make_context(store))
+    finally:
+        server.stop()
+    attempts = store.get(STATE_KEY)["attempts"]
+    assert attempts[0]["pool"] == "live"
+    live_price = attempts[0]["prices"][0][1]
+    assert 0 < live_price < 1.0  # moto's constant spot price, not the trace's $1.00
+    assert {s["price_per_h"] for s in summary["segments"] if s["pool"] == "live"} == {live_price}

@@ -89,6 +89,7 @@ class LocalBackend:
                     for p in self.pools
                 ),
                 self.pool_cooldown_h * 3600.0 / self.time_scale,
+                tuple(p.price_from for p in self.pools),
             )
         return MarketSpec(
             self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset

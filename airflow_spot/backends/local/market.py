@@ -99,6 +99,7 @@ class Pool:
     trace: str
     polarity: str | None = "unavailable"
     spot_price: float | None = None
+    price_from: dict[str, Any] | None = None  # live price: {"aws_conn_id", "instance_type", "zone"}
 
 
 @dataclass(frozen=True)
@@ -107,23 +108,33 @@ class PoolsSpec:
 
     pools: tuple[tuple[str, MarketSpec], ...]
     cooldown_wall_s: float
+    price_from: tuple[dict[str, Any] | None, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        live = self.price_from or (None,) * len(self.pools)
         return {
-            "pools": [{"name": n, "spec": s.to_dict()} for n, s in self.pools],
+            "pools": [
+                {"name": n, "spec": s.to_dict(), "price_from": pf}
+                for (n, s), pf in zip(self.pools, live, strict=True)
+            ],
             "cooldown_wall_s": self.cooldown_wall_s,
         }
 
 
 class Pools:
     """One or more replayed pools. Spot is up when a pool out of cool-down has capacity; a
-    launch goes to the cheapest such pool."""
+    launch goes to the cheapest such pool. A pool's price is live (through an Airflow AWS
+    connection, ``price_from``) or the trace's own."""
 
     def __init__(
-        self, entries: list[tuple[str, ReplayMarket]], cooldown_wall_s: float = 0.0
+        self,
+        entries: list[tuple[str, ReplayMarket]],
+        cooldown_wall_s: float = 0.0,
+        price_from: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.entries = entries
         self.cooldown_wall_s = cooldown_wall_s
+        self.price_from = price_from or {}
 
     @classmethod
     def load(cls, d: dict[str, Any]) -> Pools:
@@ -134,6 +145,7 @@ class Pools:
                     for p in d["pools"]
                 ],
                 float(d.get("cooldown_wall_s", 0.0)),
+                {p["name"]: p["price_from"] for p in d["pools"] if p.get("price_from")},
             )
         return cls([("default", ReplayMarket.load(MarketSpec.from_dict(d)))])
 
@@ -147,18 +159,25 @@ class Pools:
     def available_at(self, wall: float, cooling: frozenset[str] | set[str] = frozenset()) -> bool:
         return any(m.available_at(wall) for n, m in self.entries if n not in cooling)
 
-    def price(self, name: str, wall: float, default: float) -> float:
+    def price(self, name: str, wall: float, default: float, live: Any = None) -> float:
+        """The pool's price now: live (``live(price_from)``) if it has a source, else the trace's."""
+        if live is not None and name in self.price_from:
+            return float(live(self.price_from[name]))
         return self.market(name).spot_price_at(wall, default)
 
     def choose(
-        self, wall: float, cooling: frozenset[str] | set[str], default_price: float
+        self,
+        wall: float,
+        cooling: frozenset[str] | set[str],
+        default_price: float,
+        live: Any = None,
     ) -> str | None:
         """The cheapest pool with capacity now that is not cooling down (None if there is none)."""
         best: tuple[float, str] | None = None
         for n, m in self.entries:
             if n in cooling or not m.available_at(wall):
                 continue
-            p = m.spot_price_at(wall, default_price)
+            p = self.price(n, wall, default_price, live)
             if best is None or p < best[0]:
                 best = (p, n)
         return None if best is None else best[1]
