@@ -236,6 +236,9 @@ class FakeCloud:
         self.plan = dict(plan or {})
         self.grace_s = grace_s
         self.spot_available = True
+        self.blocked_selectors: list[
+            dict[str, str]
+        ] = []  # spot pools (by node selector) with no capacity
         self.spot_gone_after_plan = spot_gone_after_plan
         self.procs: dict[str, _subprocess.Popen] = {}
         self.started: dict[str, float] = {}
@@ -283,7 +286,11 @@ class FakeCloud:
     def _schedule(self, pod) -> None:
         cap = (pod.metadata.labels or {}).get("airflow-spot/capacity", "on_demand")
         name = pod.metadata.name
-        if cap == "spot" and not self.spot_available:
+        selector = pod.spec.node_selector or {}
+        blocked = any(
+            all(selector.get(k) == v for k, v in b.items()) for b in self.blocked_selectors
+        )
+        if cap == "spot" and (not self.spot_available or blocked):
             self.api.patch_namespaced_pod_status(
                 name,
                 self.ns,

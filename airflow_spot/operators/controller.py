@@ -112,29 +112,53 @@ class Controller:
         return spot is False
 
     def _cooling(self, now: float) -> set[str]:
-        """Pools that preempted the job less than their cool-down ago (kept out of launches)."""
-        cool = self.pools.cooldown_wall_s if self.pools else 0.0
+        """Pools that lost the job's spot capacity less than their cool-down ago (kept out)."""
+        lost: tuple[str, ...] = ("preempted",)
+        if self.pools:
+            cool = self.pools.cooldown_wall_s
+        else:  # Kubernetes node pools: pending too long also means "no capacity there"
+            cool, lost = (
+                float(getattr(self.backend, "spot_cooldown_s", 0.0)),
+                ("preempted", "spot_unavailable"),
+            )
         return {
             a.pool
             for a in self.state.attempts
             if a.capacity == "spot"
             and a.pool
-            and a.outcome == "preempted"
+            and a.outcome in lost
             and a.ended_at
             and now - a.ended_at < cool
         }
 
+    @property
+    def kube_pools(self) -> dict[str, Any]:
+        return {p.name: p for p in getattr(self.backend, "pools", ())} if not self.pools else {}
+
+    def _pool_price(self, name: str, now: float, default: float) -> float:
+        if self.pools:
+            return self.pools.price(name, now, default, self._live_price)
+        pool = self.kube_pools[name]
+        if pool.price_from:
+            return self._live_price(pool.price_from)
+        return pool.spot_price if pool.spot_price is not None else default
+
+    def _choose_pool(self, now: float, default: float) -> str:
+        if self.pools:
+            return (
+                self.pools.choose(now, self._cooling(now), default, self._live_price)
+                or self.pools.names[0]
+            )
+        cooling = self._cooling(now)
+        names = [n for n in self.kube_pools if n not in cooling] or list(self.kube_pools)
+        return min(names, key=lambda n: (self._pool_price(n, now, default), n))
+
     def _track_price(self, now: float) -> None:
         """Record the live spot attempt's price when its pool's price changes (the ledger bills by it)."""
         live = self.state.live
-        if (
-            live is None
-            or live.capacity != "spot"
-            or not self.pools
-            or live.pool not in self.pools.names
-        ):
+        if live is None or live.capacity != "spot" or not live.pool:
             return
-        price = self.pools.price(live.pool, now, self.op.spot_price, self._live_price)
+        price = self._pool_price(live.pool, now, self.op.spot_price)
         if not live.prices or live.prices[-1][1] != price:
             live.prices.append([now, price])
 
@@ -154,7 +178,10 @@ class Controller:
         return prices[source["zone"]]
 
     def _spot_guess(self, now: float) -> bool:
-        """Without a replayed market: spot counts as down for a cool-down after it was lost."""
+        """Without a replayed market: spot counts as down for a cool-down after it was lost
+        (with several node pools: while every pool is cooling down)."""
+        if self.kube_pools:
+            return bool(set(self.kube_pools) - self._cooling(now))
         cooldown = float(getattr(self.backend, "spot_cooldown_s", 900.0))
         for a in reversed(self.state.attempts):
             if (
@@ -393,16 +420,13 @@ class Controller:
         }
         now = time.time()
         pool, market, price = "", None, job.on_demand_price
-        if self.pools:
-            if capacity is Capacity.SPOT:
-                pool = (
-                    self.pools.choose(now, self._cooling(now), job.spot_price, self._live_price)
-                    or self.pools.names[0]
-                )
-                price = self.pools.price(pool, now, job.spot_price, self._live_price)
-            market = self.pools.market(pool or self.pools.names[0]).spec
-        elif capacity is Capacity.SPOT:
+        if capacity is Capacity.SPOT:
             price = job.spot_price
+            if self.pools or self.kube_pools:
+                pool = self._choose_pool(now, job.spot_price)
+                price = self._pool_price(pool, now, job.spot_price)
+        if self.pools:
+            market = self.pools.market(pool or self.pools.names[0]).spec
         handle = self.backend.launch(
             ident,
             n,
@@ -411,6 +435,7 @@ class Controller:
             checkpoint_uri=self.checkpoint_uri,
             changeover_wall_s=self.op.changeover.total_seconds(),
             market=market,
+            pool=pool,
         )
         rec = AttemptRecord(
             n,

@@ -43,6 +43,22 @@ OUTCOMES = {
 
 
 @dataclass(frozen=True)
+class KubePool:
+    """One spot node pool (zone, instance type or node group): where its pods go and its price.
+
+    :param placement: node selector / tolerations / affinity of this pool's spot nodes.
+    :param spot_price: a fixed price per hour, or
+    :param price_from: a live price through an Airflow AWS connection:
+        ``{"aws_conn_id": ..., "instance_type": ..., "zone": ...}``.
+    """
+
+    name: str
+    placement: Placement
+    spot_price: float | None = None
+    price_from: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class KubernetesBackend:
     """Run attempts as pods.
 
@@ -65,6 +81,9 @@ class KubernetesBackend:
     :param pending_timeout_s: a spot pod unschedulable this long means spot is unavailable.
     :param spot_cooldown_s: after a preemption or unavailable spot, how long spot counts as down.
     :param grace_period_s: termination grace when a pod is cancelled.
+    :param pools: several spot node pools; each spot launch goes to the cheapest one not cooling
+        down after a preemption or unschedulable spot (``spot_cooldown_s``). On-demand pods use
+        the preset.
     """
 
     image: str
@@ -84,6 +103,7 @@ class KubernetesBackend:
     pending_timeout_s: float = 600.0
     spot_cooldown_s: float = 900.0
     grace_period_s: int = 30
+    pools: tuple[KubePool, ...] = ()
 
     name = "kubernetes"
     time_scale = 1.0
@@ -99,6 +119,16 @@ class KubernetesBackend:
             )
         placement_for(self.preset, "spot")
         placement_for(self.preset, "on_demand")
+        if len({p.name for p in self.pools}) != len(self.pools):
+            raise ConfigError("backend.pools", "pool names must be unique")
+
+    def _placement(self, capacity: str, pool: str) -> Placement:
+        if capacity == "spot" and pool:
+            for p in self.pools:
+                if p.name == pool:
+                    return p.placement
+            raise ConfigError("backend.pools", f"no pool named {pool!r}")
+        return placement_for(self.preset, capacity)
 
     # -- configuration ----------------------------------------------------------------------
     def market_spec(self, epoch: float) -> None:  # noqa: ARG002 - the real market is not replayed
@@ -108,6 +138,7 @@ class KubernetesBackend:
         d = asdict(self)
         if isinstance(self.preset, dict):
             d["preset"] = {k: asdict(v) for k, v in self.preset.items()}
+        d["pools"] = [{**asdict(p), "placement": asdict(p.placement)} for p in self.pools]
         d["kind"] = "kubernetes"
         return d
 
@@ -120,6 +151,12 @@ class KubernetesBackend:
                 for k, v in d["preset"].items()
             }
         d["env_from_secrets"] = tuple(d.get("env_from_secrets") or ())
+        d["pools"] = tuple(
+            KubePool(
+                p["name"], _placement_from(p["placement"]), p.get("spot_price"), p.get("price_from")
+            )
+            for p in d.get("pools") or ()
+        )
         return cls(**d)
 
     @cached_property
@@ -144,7 +181,8 @@ class KubernetesBackend:
         checkpoint_uri: str,
         changeover_wall_s: float = 0.0,
         market: Any = None,
-        env: dict[str, str] | None = None,  # noqa: ARG002
+        env: dict[str, str] | None = None,
+        pool: str = "",  # noqa: ARG002
     ) -> dict[str, Any]:
         """Create the attempt's pod (after removing any leftover pod of this task)."""
         from airflow_spot.backends.kubernetes.pods import build_pod, pod_name, task_labels
@@ -175,7 +213,7 @@ class KubernetesBackend:
             attempt=attempt,
             try_number=int(ident.get("try_number", 1)),
             labels=labels,
-            placement=placement_for(self.preset, capacity),
+            placement=self._placement(capacity, pool),
             checkpoint_uri=checkpoint_uri,
             env={**self.env, **(env or {})},
             resources=self.resources,
@@ -373,6 +411,12 @@ class KubernetesBackend:
         except ApiException as e:
             if e.status != 404:
                 raise BackendError(f"deleting pod {name}: {e.status} {e.reason}") from e
+
+
+def _placement_from(d: dict[str, Any]) -> Placement:
+    return Placement(
+        d.get("node_selector") or {}, tuple(d.get("tolerations") or ()), d.get("affinity")
+    )
 
 
 def _kind(event: Any) -> str:

@@ -132,6 +132,7 @@ class LocalBackend:
         changeover_wall_s: float,
         market: MarketSpec,
         env: dict[str, str] | None = None,
+        pool: str = "",  # noqa: ARG002 - the market given is already the chosen pool's
     ) -> dict[str, Any]:
         """Start attempt ``attempt`` under a detached supervisor; returns its handle.
 

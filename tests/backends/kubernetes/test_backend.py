@@ -202,3 +202,67 @@ def test_worker_restart_reattaches_only_to_a_healthy_pod(kube, tmp_path: Path) -
         )
     finally:
         cloud.stop()
+
+
+def test_node_pools_cheapest_with_capacity(kube, tmp_path: Path) -> None:
+    """Two spot node pools: the cheaper one has no capacity, so its pod stays unschedulable, the
+    pool cools down, and the job runs in the other pool, billed at that pool's price."""
+    from airflow_spot.backends.kubernetes.backend import KubePool
+
+    _, cfg = kube
+    zone_a = KubePool(
+        "zone-a",
+        Placement(
+            {"karpenter.sh/capacity-type": "spot", "topology.kubernetes.io/zone": "us-east-1a"}
+        ),
+        0.8,
+    )
+    zone_b = KubePool(
+        "zone-b",
+        Placement(
+            {"karpenter.sh/capacity-type": "spot", "topology.kubernetes.io/zone": "us-east-1b"}
+        ),
+        1.2,
+    )
+    cloud = FakeCloud(cfg, tmp_path / "nodes")
+    cloud.blocked_selectors.append({"topology.kubernetes.io/zone": "us-east-1a"})
+    cloud.start()
+    try:
+        op = SpotTrainingOperator(
+            task_id="train",
+            command=[
+                sys.executable,
+                "-m",
+                "airflow_spot.examples.train_logreg",
+                "--steps",
+                "40",
+                "--step-seconds",
+                "0.02",
+            ],
+            checkpoint_uri=str(tmp_path / "ckpt"),
+            expected_compute=timedelta(seconds=1),
+            total_steps=40,
+            deadline=timedelta(seconds=60),
+            changeover=timedelta(seconds=0.5),
+            policy="greedy",
+            backend=KubernetesBackend(
+                image="img",
+                config_file=cfg,
+                preset="karpenter",
+                pools=(zone_a, zone_b),
+                pending_timeout_s=1.0,
+                spot_cooldown_s=30.0,
+            ),
+            decision_interval=timedelta(seconds=0.5),
+            poll_interval=0.1,
+            deferrable=False,
+        )
+        store = FileTaskStateStore(tmp_path / "state.json")
+        summary = op.execute(make_context(store))
+    finally:
+        cloud.stop()
+    attempts = store.get(STATE_KEY)["attempts"]
+    assert (attempts[0]["pool"], attempts[0]["outcome"]) == ("zone-a", "spot_unavailable")
+    assert (attempts[-1]["pool"], attempts[-1]["outcome"]) == ("zone-b", "succeeded")
+    assert {s["price_per_h"] for s in summary["segments"] if s["pool"] == "zone-b"} == {1.2}
+    assert KubernetesBackend.from_dict(op.backend.to_dict()) == op.backend
