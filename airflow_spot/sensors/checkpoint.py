@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 
 from airflow_spot.checkpoint.stores import validate_uri
 from airflow_spot.exceptions import ConfigError
+from airflow_spot.sensors.base import DeferrableSpotSensor
 
 
 def find_checkpoint(
@@ -37,7 +38,7 @@ def find_checkpoint(
     return out
 
 
-class CheckpointSensor(BaseSensorOperator):
+class CheckpointSensor(DeferrableSpotSensor):
     """Wait until a valid checkpoint at or beyond ``min_step`` (or newer than ``newer_than``)
     exists under ``checkpoint_uri``; returns its manifest. Lets a downstream task evaluate
     intermediate checkpoints while training continues.
@@ -86,32 +87,13 @@ class CheckpointSensor(BaseSensorOperator):
         found = find_checkpoint(self.checkpoint_uri, self.min_step, self._newer(), self.aws_conn_id)
         return PokeReturnValue(is_done=found is not None, xcom_value=found)
 
-    def execute(self, context: Any) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        first = self.poke(context)
-        if first.is_done:
-            return first.xcom_value
+    def trigger(self) -> Any:
         from airflow_spot.triggers.sensors import CheckpointTrigger
 
-        self.defer(
-            trigger=CheckpointTrigger(
-                checkpoint_uri=self.checkpoint_uri,
-                min_step=self.min_step,
-                newer_than=self._newer(),
-                aws_conn_id=self.aws_conn_id,
-                poll_interval=float(self.poke_interval),
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=float(self.timeout)) if self.timeout else None,
+        return CheckpointTrigger(
+            checkpoint_uri=self.checkpoint_uri,
+            min_step=self.min_step,
+            newer_than=self._newer(),
+            aws_conn_id=self.aws_conn_id,
+            poll_interval=float(self.poke_interval),
         )
-
-    def execute_complete(
-        self, context: Any, event: dict[str, Any] | None = None, **kwargs: Any
-    ) -> Any:
-        from airflow_spot.triggers.events import EventKind, SpotEvent
-
-        ev = SpotEvent.from_payload(event)
-        if ev.kind is not EventKind.CONDITION_MET:
-            raise RuntimeError(f"checkpoint watch ended with {ev.kind.value}: {ev.message}")
-        return ev.status

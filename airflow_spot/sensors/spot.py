@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 
 from airflow_spot.exceptions import ConfigError
+from airflow_spot.sensors.base import DeferrableSpotSensor
 
 
 def cheapest_below(prices: dict[str, float], threshold: float) -> dict[str, Any] | None:
@@ -20,7 +20,7 @@ def cheapest_below(prices: dict[str, float], threshold: float) -> dict[str, Any]
     return {"zone": zone, "price": ok[zone], "threshold": threshold}
 
 
-class SpotPriceSensor(BaseSensorOperator):
+class SpotPriceSensor(DeferrableSpotSensor):
     """Wait until the spot price of ``instance_type`` is at or below a threshold in any of ``zones``.
 
     :param instance_type: an EC2 instance type, e.g. ``p3.2xlarge``.
@@ -110,34 +110,15 @@ class SpotPriceSensor(BaseSensorOperator):
             is_done=True, xcom_value={**found, "instance_type": self.instance_type}
         )
 
-    def execute(self, context: Any) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        first = self.poke(context)
-        if first.is_done:
-            return first.xcom_value
-        hook = self._hook()
+    def trigger(self) -> Any:
         from airflow_spot.triggers.sensors import SpotPriceTrigger
 
-        self.defer(
-            trigger=SpotPriceTrigger(
-                instance_type=self.instance_type,
-                zones=self.zones,
-                threshold=self.threshold(hook),
-                aws_conn_id=self.aws_conn_id,
-                region_name=self.region_name,
-                poll_interval=float(self.poke_interval),
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=float(self.timeout)) if self.timeout else None,
+        hook = self._hook()
+        return SpotPriceTrigger(
+            instance_type=self.instance_type,
+            zones=self.zones,
+            threshold=self.threshold(hook),
+            aws_conn_id=self.aws_conn_id,
+            region_name=self.region_name,
+            poll_interval=float(self.poke_interval),
         )
-
-    def execute_complete(
-        self, context: Any, event: dict[str, Any] | None = None, **kwargs: Any
-    ) -> Any:
-        from airflow_spot.triggers.events import EventKind, SpotEvent
-
-        ev = SpotEvent.from_payload(event)
-        if ev.kind is not EventKind.CONDITION_MET:
-            raise RuntimeError(f"spot price watch ended with {ev.kind.value}: {ev.message}")
-        return ev.status
