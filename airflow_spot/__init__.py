@@ -45,6 +45,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_spot.sensors.spot", "airflow_spot.sensors.checkpoint"],
             }
         ],
+        "extra-links": ["airflow_spot.operators.links.SpotTimelineLink"],
         "hooks": [
             {"integration-name": "Spot training", "python-modules": ["airflow_spot.hooks.aws"]}
         ],

@@ -61,6 +61,7 @@ class JobState:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     finished: dict[str, Any] | None = None
     failed: dict[str, Any] | None = None  # why the task failed for good (error type and message)
+    snapshot: dict[str, Any] | None = None  # the live summary the UI shows while the job runs
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

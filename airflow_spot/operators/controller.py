@@ -99,8 +99,25 @@ class Controller:
             return StepResult(False, wake_at=now + self.op.poll_interval)
         self._track_price(now)
         decision, job, obs = self._decide(now, spot)
+        if decision.rule == "done":  # the newest checkpoint holds all the work
+            done = self._complete(now)
+            if done is not None:
+                return StepResult(True, summary=done)
         self._act(decision, now, job, obs)
+        self._snapshot(now, job, obs)
         return StepResult(False, wake_at=now + self.op.decision_interval.total_seconds())
+
+    def _snapshot(self, now: float, job: JobSpec, obs: Observation) -> None:
+        """A small live summary for the UI (the ledger so far and an estimated finish)."""
+        snap = self.summary(now, None)
+        snap.pop("decisions", None)
+        snap["finished_hours"] = None
+        remaining = max(0.0, job.work_s - obs.done_s)
+        extra = 0.0 if obs.capacity is not Capacity.NONE else job.changeover_s
+        snap["estimated_finish_hours"] = round(
+            (obs.now + remaining + extra + obs.changeover_left_s) / HOUR, 4
+        )
+        self.state.snapshot = snap
 
     def _pool_down(self, live: AttemptRecord, now: float, spot: bool | None) -> bool:
         """The replayed market has taken the live attempt's spot capacity (its verdict is coming).
@@ -278,6 +295,24 @@ class Controller:
             self.op.max_failures,
         )
 
+    def _complete(self, now: float) -> dict[str, Any] | None:
+        """All the work is checkpointed though the attempt has not reported its end yet: stop
+        it (its outcome is success, not a cancel) and finish the job."""
+        m = self.checkpoints.latest_valid()
+        total = self._total_steps(m)
+        if m is None or total is None or m.step < total:
+            return None  # the manifest said so, but the files do not verify yet: look again
+        live = self.state.live
+        if live is not None:
+            status = self.backend.cancel(live.handle)
+            self._sync(live, status)
+            self._close(live, status, time.time())
+            live.outcome, live.reason = (
+                Outcome.SUCCEEDED.value,
+                "all work checkpointed; attempt stopped",
+            )
+        return self._finish_if_complete(now)
+
     def _finish_if_complete(self, now: float) -> dict[str, Any] | None:
         m = self.checkpoints.latest_valid()
         total = self._total_steps(m)
@@ -292,6 +327,13 @@ class Controller:
             return None
         summary = self.summary(now, m)
         self.state.finished = summary
+        from airflow_spot.operators.metrics import emit
+
+        ti = self.context["ti"]
+        try:
+            emit(summary, ti.dag_id, ti.task_id)
+        except Exception as e:  # noqa: BLE001 - metrics must never fail a finished job
+            log.warning("Could not send metrics: %s", e)
         log.info("Job complete: %s", _one_line(summary))
         return summary
 

@@ -24,6 +24,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_spot.checkpoint.stores import validate_uri
 from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError
+from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.policy import get_policy
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class SpotTrainingOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("command", "checkpoint_uri", "deadline")
     ui_color = "#ffd8a8"
+    operator_extra_links = (SpotTimelineLink(),)
 
     def __init__(
         self,

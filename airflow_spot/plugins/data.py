@@ -1,0 +1,109 @@
+"""Rows for the UI: every spot training task instance, from the operator's persisted state."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+STATE_KEY = (
+    "airflow_spot_job"  # the key SpotTrainingOperator writes (kept here to avoid importing it)
+)
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+def row(
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int,
+    ti_state: str | None,
+    state: dict[str, Any],
+    updated_at: datetime | None,
+) -> dict[str, Any]:
+    """One table row from a job state (finished summary, or the live snapshot)."""
+    summary = state.get("finished") or state.get("snapshot") or {}
+    total = state.get("total_steps") or 0
+    decisions = state.get("decisions") or []
+    step = next((d.get("step") for d in reversed(decisions) if d.get("step") is not None), 0) or 0
+    if state.get("finished"):
+        step = (summary.get("final_checkpoint") or {}).get("step", step)
+    live = next((a for a in state.get("attempts", []) if a.get("ended_at") is None), None)
+    return {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "task_id": task_id,
+        "map_index": map_index,
+        "state": ti_state,
+        "progress": round(100 * step / total, 1) if total else None,
+        "deadline": _iso(state.get("deadline_at")),
+        "started": _iso(state.get("started_at")),
+        "estimated_finish_hours": summary.get("estimated_finish_hours")
+        or summary.get("finished_hours"),
+        "spot_hours": summary.get("spot_hours", 0.0),
+        "on_demand_hours": summary.get("on_demand_hours", 0.0),
+        "idle_hours": summary.get("idle_hours", 0.0),
+        "cost": summary.get("cost", 0.0),
+        "on_demand_cost": summary.get("on_demand_cost", 0.0),
+        "savings": summary.get("savings", 0.0),
+        "preemptions": state.get("preemptions", 0),
+        "work_lost_hours": summary.get("work_lost_hours", 0.0),
+        "deadline_met": summary.get("deadline_met"),
+        "now": (live or {}).get("capacity") or ("done" if state.get("finished") else "idle"),
+        "failed": state.get("failed"),
+        "updated_at": updated_at.isoformat() if updated_at else None,
+    }
+
+
+def load_rows(session: Any, dag_id: str | None = None) -> list[dict[str, Any]]:
+    """All spot training task instances (optionally of one DAG), newest first."""
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import select
+
+    q = select(TaskStateStoreModel).where(TaskStateStoreModel.key == STATE_KEY)
+    if dag_id:
+        q = q.where(TaskStateStoreModel.dag_id == dag_id)
+    out = []
+    for rec in session.scalars(q.order_by(TaskStateStoreModel.updated_at.desc())):
+        ti = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.dag_id == rec.dag_id,
+                TaskInstance.run_id == rec.run_id,
+                TaskInstance.task_id == rec.task_id,
+                TaskInstance.map_index == rec.map_index,
+            )
+        ).first()
+        out.append(
+            row(
+                rec.dag_id,
+                rec.run_id,
+                rec.task_id,
+                rec.map_index,
+                str(ti.state) if ti and ti.state else None,
+                json.loads(rec.value),
+                rec.updated_at,
+            )
+        )
+    return out
+
+
+def load_one(
+    session: Any, dag_id: str, run_id: str, task_id: str, map_index: int = -1
+) -> dict[str, Any] | None:
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from sqlalchemy import select
+
+    rec = session.scalars(
+        select(TaskStateStoreModel).where(
+            TaskStateStoreModel.key == STATE_KEY,
+            TaskStateStoreModel.dag_id == dag_id,
+            TaskStateStoreModel.run_id == run_id,
+            TaskStateStoreModel.task_id == task_id,
+            TaskStateStoreModel.map_index == map_index,
+        )
+    ).first()
+    return None if rec is None else json.loads(rec.value)

@@ -1,0 +1,169 @@
+"""The Spot training plugin inside Airflow's API server app (in-process): 401 without
+credentials; the runs table and the timeline with a real run's figures; the TI tab and link."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.testing import scripted_trace
+
+pytestmark = pytest.mark.usefixtures("airflow_db")
+
+MARKET = [
+    (True, 9),
+    (False, 1),
+    (True, 9),
+    (False, 1),
+    (True, 9),
+    (False, 1),
+    (True, 6),
+    (False, 30),
+    (True, 200),
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[str, str]:
+    """A finished spot training DAG run in the metadata DB (the preemption test DAG)."""
+    tmp = tmp_path_factory.mktemp("plugin-run")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPOT_TEST_DIR", str(tmp))
+    mp.setenv("SPOT_TEST_TRACE", str(scripted_trace(tmp / "market.json", MARKET)))
+    mp.setenv("SPOT_TEST_DEADLINE_S", "17")
+    mp.setenv("SPOT_TEST_POLICY", "greedy")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "dags"))
+    try:
+        mod = importlib.reload(importlib.import_module("spot_test_dags"))
+        dr = mod.preemptions_dag.test()
+    finally:
+        sys.path.pop(0)
+        mp.undo()
+    assert dr.state == "success"
+    return "spot_test_preemptions", dr.run_id
+
+
+@pytest.fixture(scope="module")
+def client():
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app())
+
+
+def _token(client) -> dict[str, str]:
+    import os
+
+    from airflow.configuration import conf
+
+    path = Path(os.environ["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    users = json.loads(path.read_text())
+    user, password = next(iter(users.items()))
+    r = client.post("/auth/token", json={"username": user, "password": password})
+    assert r.status_code in (200, 201), r.text
+    assert conf is not None
+    return {"Authorization": f"Bearer {r.json()['access_token']}"}
+
+
+def test_unauthenticated_requests_get_401(client) -> None:
+    """Every plugin route sits behind Airflow's authentication."""
+    for path in (
+        "/spot-training/api/runs",
+        "/spot-training/page",
+        "/spot-training/timeline?dag_id=a&run_id=b&task_id=c",
+    ):
+        assert client.get(path).status_code == 401, path
+
+
+def test_runs_table_and_timeline_show_the_run(client, finished_run) -> None:
+    """The table row and the timeline carry the finished run's own figures."""
+    dag_id, run_id = finished_run
+    headers = _token(client)
+    rows = client.get("/spot-training/api/runs", params={"dag_id": dag_id}, headers=headers).json()
+    row = next(r for r in rows if r["run_id"] == run_id)
+    state = client.get(
+        "/spot-training/api/run",
+        params={"dag_id": dag_id, "run_id": run_id, "task_id": "train"},
+        headers=headers,
+    ).json()
+    summary = state["finished"]
+    assert row["state"] == "success" and row["progress"] == 100.0
+    assert row["preemptions"] == summary["preemptions"] >= 3
+    assert row["cost"] == summary["cost"] and row["savings"] == summary["savings"]
+    page = client.get("/spot-training/page", headers=headers)
+    assert page.status_code == 200 and "Spot training" in page.text
+    tl = client.get(
+        "/spot-training/timeline",
+        params={"dag_id": dag_id, "run_id": run_id, "task_id": "train"},
+        headers=headers,
+    )
+    assert tl.status_code == 200
+    assert tl.text.count('class="preemption"') == summary["preemptions"]
+    assert 'class="deadline"' in tl.text and 'class="progress"' in tl.text
+    assert f"${summary['cost']:.2f}" in tl.text
+    missing = client.get(
+        "/spot-training/api/run",
+        params={"dag_id": "x", "run_id": "y", "task_id": "z"},
+        headers=headers,
+    )
+    assert missing.status_code == 404
+
+
+def test_plugin_registers_page_tab_and_link(client) -> None:
+    """Airflow lists the plugin with its nav page and task-instance tab; the operator links to it."""
+    headers = _token(client)
+    plugins = client.get("/api/v2/plugins", headers=headers).json()["plugins"]
+    ours = next(p for p in plugins if p["name"] == "spot_training")
+    views = {v["name"]: v for v in ours["external_views"]}
+    assert views["Spot training"]["destination"] == "nav"
+    assert views["Spot timeline"]["destination"] == "task_instance"
+    from airflow_spot.operators.links import SpotTimelineLink
+
+    class Key:
+        dag_id, run_id, task_id, map_index = "d", "r+1", "t", -1
+
+    assert (
+        SpotTimelineLink().get_link(None, ti_key=Key())
+        == "/spot-training/timeline?dag_id=d&run_id=r%2B1&task_id=t&map_index=-1"
+    )
+
+
+def test_metrics_are_sent_tagged() -> None:
+    """A finished run's preemptions, fallbacks, hours, cost, savings and lost work go to Stats, tagged."""
+    from airflow_spot.operators.metrics import emit
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def incr(self, name, count=1, tags=None):
+            self.calls.append(("incr", name, count, tags))
+
+        def gauge(self, name, value, tags=None):
+            self.calls.append(("gauge", name, value, tags))
+
+    rec = Recorder()
+    emit(
+        {
+            "preemptions": 3,
+            "fallbacks_to_on_demand": 1,
+            "spot_hours": 2.0,
+            "cost": 5.0,
+            "savings": 0.4,
+            "deadline_met": False,
+            "work_lost_hours": 0.5,
+        },
+        "dag",
+        "train",
+        stats=rec,
+    )
+    got = {(k, n): v for k, n, v, t in rec.calls}
+    assert got[("incr", "spot_training.preemptions")] == 3
+    assert got[("incr", "spot_training.deadline_misses")] == 1
+    assert got[("gauge", "spot_training.spot_seconds")] == 7200.0
+    assert got[("gauge", "spot_training.work_lost_seconds")] == 1800.0
+    assert all(t == {"dag_id": "dag", "task_id": "train"} for *_, t in rec.calls)
