@@ -167,3 +167,111 @@ def test_metrics_are_sent_tagged() -> None:
     assert got[("gauge", "spot_training.spot_seconds")] == 7200.0
     assert got[("gauge", "spot_training.work_lost_seconds")] == 1800.0
     assert all(t == {"dag_id": "dag", "task_id": "train"} for *_, t in rec.calls)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--virtual-time-budget=8000",
+]
+
+
+def test_page_renders_in_a_browser(finished_run, tmp_path) -> None:
+    """A real API server with the plugin on 127.0.0.1 and headless Chromium: the table and the
+    timeline render with the run's figures; screenshots go to test-artifacts/."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("AIRFLOW_SPOT_REQUIRE_BROWSER"):
+            pytest.fail("chromium is missing but .ci/run requires the browser test")
+        pytest.skip("chromium not installed (apt-get install chromium; .ci/run does)")
+    dag_id, run_id = finished_run
+    port = _free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__API__PORT": str(port),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=open(tmp_path / "api-server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        until = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.time() < until, (tmp_path / "api-server.log").read_text()[-2000:]
+            time.sleep(0.5)
+        artifacts = Path(__file__).parents[2] / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        page = f"{base}/spot-training/page?dag_id={dag_id}"
+        dom = subprocess.run(
+            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'c1'}", "--dump-dom", page],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert run_id in dom and "timeline" in dom
+        assert "task instances, updated" in dom  # the table was filled by the page's own fetch
+        from urllib.parse import urlencode
+
+        tl = f"{base}/spot-training/timeline?" + urlencode(
+            {"dag_id": dag_id, "run_id": run_id, "task_id": "train"}
+        )
+        tdom = subprocess.run(
+            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'c2'}", "--dump-dom", tl],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert 'class="preemption"' in tdom and 'id="decisions"' in tdom
+        for name, url in (("spot_training_page.png", page), ("spot_timeline.png", tl)):
+            subprocess.run(
+                [
+                    chromium,
+                    *CHROMIUM_FLAGS,
+                    f"--user-data-dir={tmp_path / name}",
+                    "--window-size=1500,650",
+                    f"--screenshot={artifacts / name}",
+                    url,
+                ],
+                capture_output=True,
+                timeout=60,
+            )
+            assert (artifacts / name).stat().st_size > 5000
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
