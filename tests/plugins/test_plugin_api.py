@@ -216,7 +216,7 @@ def test_page_renders_in_a_browser(finished_run, tmp_path) -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
-        stdout=open(tmp_path / "api-server.log", "wb"),
+        stdout=open(tmp_path / "api-server.log", "wb"),  # noqa: SIM115 - lives as long as the server
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
