@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
-from airflow_spot.triggers.local import SpotPollingTrigger
 
 
 class SpotPriceTrigger(SpotPollingTrigger):

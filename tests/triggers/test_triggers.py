@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from airflow_spot.testing import scripted_trace
+from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
-from airflow_spot.triggers.local import (
-    KubernetesAttemptTrigger,
-    LocalAttemptTrigger,
-    SpotPollingTrigger,
-)
+from airflow_spot.triggers.local import KubernetesAttemptTrigger, LocalAttemptTrigger
 from airflow_spot.triggers.sensors import CheckpointTrigger, SpotPriceTrigger  # noqa: E402
 
 ALL_TRIGGERS = [LocalAttemptTrigger, KubernetesAttemptTrigger, SpotPriceTrigger, CheckpointTrigger]

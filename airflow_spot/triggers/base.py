@@ -1,0 +1,48 @@
+"""The base of every airflow-spot trigger: it owns ``serialize()`` (classpath from
+``__module__`` + ``__qualname__``) and the polling loop; a subclass is a constructor and a poll."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_spot.triggers.events import EventKind, SpotEvent
+
+
+class SpotPollingTrigger(BaseTrigger):
+    """Base: ``serialize()`` from ``__module__`` + ``__qualname__`` and the kwargs given; ``run()``
+    polls :meth:`poll` every ``poll_interval`` seconds and yields the first typed event."""
+
+    def __init__(self, *, poll_interval: float = 5.0, **kwargs: Any) -> None:
+        super().__init__()
+        self.poll_interval = poll_interval
+        self._kwargs = {"poll_interval": poll_interval, **kwargs}
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", dict(self._kwargs)
+
+    def poll(self) -> SpotEvent | None:
+        raise NotImplementedError
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            while True:
+                event = await asyncio.to_thread(self.poll)
+                if event is not None:
+                    yield TriggerEvent(event.to_payload())
+                    return
+                await asyncio.sleep(self.poll_interval)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - report, so the operator decides what to do
+            import time
+
+            self.log.exception("Watching failed; waking the operator to decide.")
+            yield TriggerEvent(
+                SpotEvent(
+                    EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}"
+                ).to_payload()
+            )
