@@ -67,3 +67,18 @@ def scripted_trace(
     p = Path(path)
     p.write_text(json.dumps(doc))
     return p
+
+
+# spot up 1.5 h, down 10 min, three times; up 1 h; then down 5 h (a long outage forces on-demand);
+# then up again. In availability ticks of 600 s, for scripted_trace().
+THREE_PREEMPTIONS_THEN_OUTAGE: list[tuple[bool, int]] = [
+    (True, 9),
+    (False, 1),
+    (True, 9),
+    (False, 1),
+    (True, 9),
+    (False, 1),
+    (True, 6),
+    (False, 30),
+    (True, 200),
+]

@@ -110,7 +110,7 @@ class SpotMarketHook(AwsBaseHook):
                     )
                     time.sleep(delay)
                     continue
-                raise _translate(what, code, e) from e
+                raise _translate(what, code) from e
             except EndpointConnectionError as e:
                 if attempt < self.max_attempts:
                     time.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -289,7 +289,7 @@ def _redact(text: str) -> str:
     )
 
 
-def _translate(what: str, code: str, e: Exception) -> Exception:
+def _translate(what: str, code: str) -> Exception:
     if code in ("InvalidInstanceType", "InvalidParameterValue") and what.startswith(
         "instance_type"
     ):

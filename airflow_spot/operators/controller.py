@@ -103,7 +103,7 @@ class Controller:
             done = self._complete(now)
             if done is not None:
                 return StepResult(True, summary=done)
-        self._act(decision, now, job, obs)
+        self._act(decision, job)
         self._snapshot(now, job, obs)
         return StepResult(False, wake_at=now + self.op.decision_interval.total_seconds())
 
@@ -433,7 +433,7 @@ class Controller:
         return decision, job, obs
 
     # -- acting -----------------------------------------------------------------------------
-    def _act(self, decision: Decision, now: float, job: JobSpec, obs: Observation) -> None:
+    def _act(self, decision: Decision, job: JobSpec) -> None:
         live = self.state.live
         want = decision.capacity
         if live is not None and Capacity(live.capacity) is want:

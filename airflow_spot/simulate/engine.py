@@ -113,8 +113,8 @@ def replay(
                 cur = NONE
                 preemptions += 1
                 seg.close("preempted")
-        else:
-            seg.tick(NONE, now - gap, 0.0, gap, done, done, 0.0) if t > 0 else None
+        elif t > 0:
+            seg.tick(NONE, now - gap, 0.0, gap, done, done, 0.0)
         if work - done <= EPS:
             met = True
             seg.close("completed")

@@ -10,23 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_spot.testing import scripted_trace
+from airflow_spot.testing import THREE_PREEMPTIONS_THEN_OUTAGE, scripted_trace
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
 
 # spot up 1.5 h, down 10 min, three times; up 1 h; then down 5 h (forces on-demand); then up.
 # At 1800 trace seconds per second the job is 5 market hours of compute with an 8.5 h deadline.
-MARKET = [
-    (True, 9),
-    (False, 1),
-    (True, 9),
-    (False, 1),
-    (True, 9),
-    (False, 1),
-    (True, 6),
-    (False, 30),
-    (True, 200),
-]
+MARKET = THREE_PREEMPTIONS_THEN_OUTAGE
 
 
 def _state(dag_id: str, run_id: str) -> dict:

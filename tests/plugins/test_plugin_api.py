@@ -10,21 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_spot.testing import scripted_trace
+from airflow_spot.testing import THREE_PREEMPTIONS_THEN_OUTAGE, scripted_trace
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
 
-MARKET = [
-    (True, 9),
-    (False, 1),
-    (True, 9),
-    (False, 1),
-    (True, 9),
-    (False, 1),
-    (True, 6),
-    (False, 30),
-    (True, 200),
-]
+MARKET = THREE_PREEMPTIONS_THEN_OUTAGE
 
 
 @pytest.fixture(scope="module")

@@ -83,9 +83,6 @@ class ReplayMarket:
                 return self.spec.epoch + (k + j - self.spec.offset) * self.tick_wall_s
         return math.inf
 
-    def market_seconds(self, wall_from: float, wall_to: float) -> float:
-        return (wall_to - wall_from) * self.spec.time_scale
-
 
 @dataclass(frozen=True)
 class Pool:
