@@ -53,5 +53,20 @@ def family_windows(family: str, per_zone: int = 300, seed: int = 0) -> list[Trac
     ]
 
 
+def family_sequences(family: str) -> list[list[bool]]:
+    """Whole availability traces of a family (600 s ticks), for fitting priors."""
+    if family == "aws-p3":
+        traces = [_aws(f) for f in sorted((ROOT / "aws-p3-2month").glob("*.csv"))]
+    elif family == "gcp-h100":
+        files = sorted((ROOT / "gcp-h100-2week").glob("*.json"))
+        traces = [load_trace(f, polarity="unavailable") for f in files]
+    elif family == "us-west-2a":  # the raw trace the paper's windows were cut from
+        files = sorted((ROOT / "aws-v100-k80-2week").glob("*.json"))
+        traces = [load_trace(f, polarity="available") for f in files]
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    return [t.available.tolist() for t in traces]
+
+
 def _aws(path: Path) -> Trace:
     return load_trace(path, gap_s=600.0)

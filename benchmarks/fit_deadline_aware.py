@@ -2,7 +2,8 @@
 
     python benchmarks/fit_deadline_aware.py [--families aws-p3 gcp-h100] [--per-zone 6]
 
-Replays each candidate over the benchmark grid's 18 cells on random 92 h windows of the
+Replays each candidate (floor share ``f`` x ``settle``; the prior is ``default``, fitted on
+the same two families by ``fit_priors.py``) over the benchmark grid's 18 cells on random 92 h windows of the
 given families and prints, per candidate, the mean over cells of (mean cost / mean cost of
 Uniform Progress - 1) and the worst cell. Never fit on the family it is scored on
 (``paper``): the shipped defaults came from ``aws-p3`` and ``gcp-h100``.
@@ -51,8 +52,7 @@ def main() -> None:
     traces = [w for f in args.families for w in family_windows(f, args.per_zone, seed=1)]
     cells = grid()
     cands: list[Params | None] = [None] + [
-        Params(f, fl, rm)
-        for f, fl, rm in itertools.product((0.3, 0.45, 0.6, 0.8, 1.0), (0.5, 1.0, 2.0), (0.5, 1.0))
+        Params(f=f, settle=st) for f, st in itertools.product((0.3, 0.5, 0.7), (0.0, 1.5, 2.5, 4.0))
     ]
     t0 = time.time()
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(traces,)) as pool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from airflow_spot.policy import baselines as _baselines  # noqa: F401  (registers the baselines)
 from airflow_spot.policy import deadline_aware as _deadline_aware  # noqa: F401
+from airflow_spot.policy import reserve as _reserve  # noqa: F401
 from airflow_spot.policy.base import Policy, get_policy, policy_names, register, safety_net
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
 

@@ -1,83 +1,134 @@
-"""``deadline_aware``: our policy. Spend slack waiting for spot, never below a reserve.
+"""``deadline_aware``: our policy. A plan solved by dynamic programming, with a floor.
 
-``spot -> idle (spot down, slack above the reserve) -> on-demand (slack down to the reserve)
--> on-demand while spot is still down -> spot (back, with slack to spare)``.
+At every look the policy reads a precomputed plan (:mod:`.plan`): for the time left, the
+slack (time left minus work left), the capacity held and the changeover still to pay on it,
+whether spot is up and how long its current run has lasted, is the cheap choice (spot when
+it is up, waiting when it is down) cheaper in expectation than on-demand? The plan is solved
+once per job shape by stochastic dynamic programming over a semi-Markov model of spot
+availability (:mod:`.hazard`): young runs of spot (and young outages) end much more often
+than old ones, so the plan waits out outages that are likely to end soon, starts spot that
+is likely to last, and pays for on-demand when the slack no longer covers the expected wait.
 
-The *slack* is the time the job can still afford not to progress: time left to the
-deadline minus work left. Waiting for spot spends slack; once the slack falls to the
-*reserve*, the job buys progress on on-demand instead. Uniform Progress keeps, in effect, a
-reserve equal to the share of the time left that the deadline gave at the start
-(``S0 * (R - t) / R``) and leaves on-demand as soon as spot is back and it is ahead of its
-line. That reserve is too cautious, and its returns to spot pay changeovers for little:
+Two rules learnt from the traces sit on top, because real availability has regimes the
+model does not see (a window with hours of two-interval spot runs, or a day-long outage):
 
-    reserve = f * S0 * (R - t) / R + floor * changeover
+* **floor**: while spot is down, never let the slack fall below ``f`` times the
+  uniform-progress reserve (``S0 * (R - t) / R``) plus ``floor`` changeovers; go on-demand
+  there. Slack spent early cannot be used later, when spot may run for hours.
+* **settle**: leave on-demand for spot only once spot has been up for ``settle``
+  changeovers (less one look), and never while spot is down (each such thrash pays two
+  changeovers).
 
-with ``f < 1``, never leaving on-demand while spot is still down (that pays two changeovers
-for nothing), and leaving it for spot only with ``return_margin`` changeovers of slack above
-the reserve, never for the last ``finish_changeovers`` changeovers of work, and only for
-spot that has stayed up ``settle_s`` (a spot run that just began
-is the likeliest to end at once). The shared safety net still guarantees the deadline whenever it is feasible.
-
-Parameters were fitted on the aws-p3-2month and gcp-h100-2week traces, never on the
-us-west-2a windows the benchmark scores it on (``benchmarks/fit_deadline_aware.py``:
-f=0.6, floor=1, return_margin=0.5, settle_s=600 was best of 60 candidates on 108 windows of
-both, 18 cells: 3.47 % below UP on average there, every cell below UP).
+The shared safety net still guarantees the deadline whenever it is feasible. The prior
+model, ``f`` and ``settle`` were fitted on the aws-p3-2month and gcp-h100-2week traces,
+never on the us-west-2a windows the benchmark scores it on (``benchmarks/fit_priors.py``,
+``benchmarks/fit_deadline_aware.py``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from airflow_spot.policy.base import Policy, register
+from airflow_spot.policy.hazard import HazardModel, prior
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
+from airflow_spot.policy.plan import Plan, solve
+
+MAX_PLAN_STEPS = 600  # the plan's intervals are at least deadline / 600 long
 
 
 @dataclass(frozen=True)
 class Params:
-    f: float = 0.6  # share of Uniform Progress's reserve line to keep
-    floor: float = 1.0  # minimum reserve, in changeovers
-    return_margin: float = 0.5  # slack above the reserve needed to leave on-demand, in changeovers
-    settle_s: float = 600.0  # leave on-demand only for spot that has been up at least this long
-    finish_changeovers: float = (
-        4.0  # with less work than this many changeovers left, finish on on-demand
-    )
+    f: float = 0.5  # share of Uniform Progress's reserve kept as a floor while spot is down
+    floor: float = 1.0  # changeovers added to the floor
+    settle: float = 2.5  # changeovers spot must have been up (less one look) to leave on-demand
+    prior: str = "default"  # the availability model (``policy/priors/<name>.json``)
+    miss_penalty: float = 10.0  # a missed deadline costs this many all-on-demand jobs
 
 
 @register
 class DeadlineAware(Policy):
-    """Wait for spot while the slack stays above a reserve; on-demand below it."""
+    """Follow the dynamic-programming plan; keep a floor of slack; let returning spot settle."""
 
     name = "deadline_aware"
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params or Params()
+        self.model = prior(self.params.prior)
+
+    def __repr__(self) -> str:
+        return f"DeadlineAware({self.params})"
+
+    def plan(self, job: JobSpec) -> tuple[Plan, HazardModel]:
+        step = max(job.tick_s, job.deadline_s / MAX_PLAN_STEPS)
+        model = self.model.for_tick(step)
+        plan = solve(
+            model,
+            step,
+            job.changeover_s,
+            job.spot_price,
+            job.on_demand_price,
+            job.slack_s,
+            math.ceil(job.deadline_s / step),
+            self.params.miss_penalty,
+        )
+        return plan, model
 
     def reserve(self, job: JobSpec, obs: Observation) -> float:
-        """Slack to keep at ``now``: a share of Uniform Progress's line plus a floor."""
         line = job.slack_s * (job.deadline_s - obs.now) / job.deadline_s
         return self.params.f * line + self.params.floor * job.changeover_s
 
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
         p = self.params
+        plan, model = self.plan(job)
         d = job.changeover_s
-        slack = job.deadline_s - obs.now - (job.work_s - obs.done_s)
-        reserve = self.reserve(job, obs)
-        if obs.spot_available:
-            back = reserve + p.return_margin * d
-            near_end = job.work_s - obs.done_s < p.finish_changeovers * d
-            if obs.capacity is Capacity.ON_DEMAND and (
-                slack < back or obs.spot_age_s < p.settle_s or near_end
-            ):
-                return Decision(Capacity.ON_DEMAND, "da_keep_od", (slack / HOUR, reserve / HOUR))
-            return Decision(Capacity.SPOT, "spot_up")
-        if obs.capacity is Capacity.ON_DEMAND:
-            return Decision(Capacity.ON_DEMAND, "da_od_spot_down", (obs.spot_age_s / HOUR,))
-        if slack - d <= reserve:
-            return Decision(
-                Capacity.ON_DEMAND,
-                "da_reserve",
-                (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR),
-            )
-        return Decision(
-            Capacity.NONE, "da_wait", (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR)
+        left = job.deadline_s - obs.now
+        slack = left - (job.work_s - obs.done_s)
+        up = bool(obs.spot_available)
+        bucket = model.bucket(obs.spot_age_s)
+        cheap = plan.cheap(
+            int(left // plan.tick_s + 1e-9),
+            plan.state(obs.capacity.value, obs.changeover_left_s),
+            up,
+            bucket,
+            int(slack // plan.unit_s + 1e-9) if slack >= 0 else -1,
         )
+        age_h = obs.spot_age_s / HOUR
+        more = _Expected(model, up, bucket)
+        if up:
+            if obs.capacity is Capacity.ON_DEMAND:
+                if not cheap:
+                    return Decision(Capacity.ON_DEMAND, "dp_keep_od", (age_h, more, slack / HOUR))
+                if obs.spot_age_s + job.tick_s < p.settle * d:
+                    return Decision(Capacity.ON_DEMAND, "dp_settle", (age_h, p.settle * d / HOUR))
+                return Decision(Capacity.SPOT, "dp_return", (age_h, more, slack / HOUR))
+            if cheap:
+                return Decision(Capacity.SPOT, "dp_spot", (age_h, more))
+            return Decision(Capacity.ON_DEMAND, "dp_od_up", (age_h, more, slack / HOUR))
+        if obs.capacity is Capacity.ON_DEMAND:
+            return Decision(Capacity.ON_DEMAND, "dp_od_spot_down", (age_h,))
+        reserve = self.reserve(job, obs)
+        if not cheap:
+            return Decision(Capacity.ON_DEMAND, "dp_od", (age_h, more, slack / HOUR))
+        if slack - d <= reserve:
+            return Decision(Capacity.ON_DEMAND, "dp_floor", (age_h, slack / HOUR, reserve / HOUR))
+        return Decision(Capacity.NONE, "dp_wait", (age_h, more, slack / HOUR, reserve / HOUR))
+
+
+class _Expected:
+    """Expected hours left in the current run, computed only when a reason is read."""
+
+    __slots__ = ("model", "up", "bucket")
+
+    def __init__(self, model: HazardModel, up: bool, bucket: int) -> None:
+        self.model, self.up, self.bucket = model, up, bucket
+
+    def __format__(self, spec: str) -> str:
+        return format(_expected_h(self.model, self.up, self.bucket), spec)
+
+
+@lru_cache(maxsize=512)
+def _expected_h(model: HazardModel, up: bool, bucket: int) -> float:
+    return model.expected_left_s(up, model.edges[bucket] * model.tick_s) / HOUR

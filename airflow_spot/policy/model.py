@@ -140,3 +140,16 @@ REASONS.update(
         "da_wait": "spot down {0:.2f} h, slack {1:.2f} h above the reserve {2:.2f} h: wait",
     }
 )
+REASONS.update(
+    {
+        "dp_spot": "spot up {0:.2f} h, expected to last {1:.1f} h more: use it",
+        "dp_od_up": "spot up {0:.2f} h, expected to last {1:.1f} h more, but slack {2:.2f} h is too thin to risk a preemption: on-demand",
+        "dp_keep_od": "spot back {0:.2f} h, expected to last {1:.1f} h more, slack {2:.2f} h: a return does not pay its changeover yet, stay on on-demand",
+        "dp_settle": "spot back only {0:.2f} h (< {1:.2f} h to settle): stay on on-demand",
+        "dp_return": "spot back {0:.2f} h, expected to last {1:.1f} h more, slack {2:.2f} h: return to spot",
+        "dp_od_spot_down": "spot down {0:.2f} h: stay on on-demand rather than pay two changeovers",
+        "dp_od": "spot down {0:.2f} h, expected outage {1:.1f} h more, slack {2:.2f} h: on-demand is cheaper in expectation than waiting",
+        "dp_floor": "spot down {0:.2f} h, slack {1:.2f} h at the floor {2:.2f} h: on-demand",
+        "dp_wait": "spot down {0:.2f} h, expected outage {1:.1f} h more, slack {2:.2f} h above the floor {3:.2f} h: wait",
+    }
+)

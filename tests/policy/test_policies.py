@@ -12,7 +12,14 @@ from airflow_spot.simulate import Trace, replay
 
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
 JOB = JobSpec(work_s=48 * HOUR, deadline_s=60 * HOUR, changeover_s=0.2 * HOUR)
-SAFE = ["on_demand", "greedy", "uniform_progress", "last_attempt_on_demand", "deadline_aware"]
+SAFE = [
+    "on_demand",
+    "greedy",
+    "uniform_progress",
+    "last_attempt_on_demand",
+    "slack_reserve",
+    "deadline_aware",
+]
 
 
 def obs(now_h: float, done_h: float, cap: Capacity = NONE, spot: bool = True, **kw) -> Observation:
@@ -22,7 +29,7 @@ def obs(now_h: float, done_h: float, cap: Capacity = NONE, spot: bool = True, **
 
 
 def test_registry_lists_every_policy() -> None:
-    """All five policies are registered by name."""
+    """All six policies are registered by name."""
     assert set(SAFE) <= set(policy_names())
 
 
@@ -47,24 +54,20 @@ def test_unknown_policy_names_the_choices() -> None:
         ("uniform_progress", obs(10, 9, OD, spot=True), SPOT),
         ("last_attempt_on_demand", obs(5, 4, preemptions=2), SPOT),
         ("last_attempt_on_demand", obs(5, 4, preemptions=3), OD),
-        ("deadline_aware", obs(1, 1, spot=False), NONE),  # slack 11 h well above the reserve
-        ("deadline_aware", obs(30, 22, spot=False), OD),  # slack 4 h below the reserve
-        (
-            "deadline_aware",
-            obs(30, 22, OD, spot=False),
-            OD,
-        ),  # never leave on-demand while spot is down
-        ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=3600), SPOT),
-        (
-            "deadline_aware",
-            obs(10, 9, OD, spot=True, spot_age_s=0),
-            OD,
-        ),  # spot just came back: let it settle
-        (
-            "deadline_aware",
-            obs(40, 47.5, OD, spot=True, spot_age_s=3600),
-            OD,
-        ),  # last changeovers of work: finish
+        ("slack_reserve", obs(1, 1, spot=False), NONE),  # slack 11 h well above the reserve
+        ("slack_reserve", obs(30, 22, spot=False), OD),  # slack 4 h below the reserve
+        ("slack_reserve", obs(30, 22, OD, spot=False), OD),  # never leave on-demand while down
+        ("slack_reserve", obs(10, 9, OD, spot=True, spot_age_s=3600), SPOT),
+        ("slack_reserve", obs(10, 9, OD, spot=True, spot_age_s=0), OD),  # let spot settle
+        ("slack_reserve", obs(40, 47.5, OD, spot=True, spot_age_s=3600), OD),  # finish
+        ("deadline_aware", obs(1, 1, spot=False), NONE),  # a fresh outage, 12 h of slack: wait
+        ("deadline_aware", obs(1, 1), SPOT),
+        ("deadline_aware", obs(30, 21, spot=False), OD),  # slack 3 h: under the floor 3.2 h
+        ("deadline_aware", obs(30, 22, OD, spot=False), OD),  # never leave on-demand while down
+        ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=3600), SPOT),  # settled: return
+        ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=0), OD),  # let spot settle
+        ("deadline_aware", obs(50, 40, SPOT, spot=True), SPOT),  # keep a running instance
+        ("deadline_aware", obs(58, 46.2, spot=False), OD),  # 0.2 h of slack: no more waiting
     ],
 )
 def test_policy_rules(policy: str, observation: Observation, expected: Capacity) -> None:

@@ -1,0 +1,199 @@
+"""The plan: stochastic dynamic programming over slack, time left, capacity and spot's state.
+
+State at a decision point: whole decision intervals left ``tau``, slack ``s`` (time left
+minus work left, in units of a tenth of an interval), the capacity held with the changeover
+still to pay on it, whether spot is up, and the bucket of the current run's age
+(:mod:`.hazard`). The work left is ``tau * interval - s``, so the deadline and the work need
+not be stored: one plan serves every job with the same interval, changeover and prices.
+The tick rules are the simulator's (:mod:`airflow_spot.simulate.engine`): every interval is
+billed in full at the price of the capacity that ran in it, a launch loses the changeover,
+a spot instance that ran in an interval keeps that interval's progress and is reclaimed if
+spot is down at its end, and a job whose slack would fall below zero misses its deadline
+(charged ``miss_penalty`` times the all-on-demand cost).
+
+In each state the plan keeps two choices: the cheap one (spot when spot is up, nothing when
+it is down; a running spot instance is kept) and on-demand. It stores, per state without
+the slack, the *threshold*: the least slack from which the cheap choice is optimal for all
+larger slack. A decision is then a table lookup.
+
+Solving takes about a second (numpy, imported only here and only when a plan is solved);
+plans are cached per job shape and model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from airflow_spot.policy.hazard import HazardModel
+
+UNITS_PER_TICK = 10
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Solved thresholds: ``threshold(tau, cap_state, up, bucket)`` in slack units."""
+
+    tick_s: float
+    unit_s: float
+    changeover_units: int
+    rro: tuple[int, ...]  # changeover left (units) per running-capacity state, 0 first
+    max_slack: int
+    max_tau: int
+    table: bytes  # int16, shape (max_tau + 1, states, 2, buckets)
+    bits: bytes  # packed bools: cheap is best, shape (max_tau + 1, states, 2, buckets, slack)
+    row: int  # bytes per row of ``bits``
+    states: int
+    buckets: int
+    values: object = None  # expected cost-to-go at slack = max_slack (for reasons), per tau
+
+    def cheap(self, tau: int, state: int, up: bool, bucket: int, slack: int) -> bool:
+        """Whether the cheap choice is optimal in this state."""
+        tau = min(max(tau, 0), self.max_tau)
+        slack = min(slack, self.max_slack)
+        if slack < 0:
+            return False
+        i = (((tau * self.states + state) * 2 + int(up)) * self.buckets + bucket) * self.row
+        return bool(self.bits[i + (slack >> 3)] & (0x80 >> (slack & 7)))
+
+    def threshold(self, tau: int, state: int, up: bool, bucket: int) -> int:
+        tau = min(max(tau, 0), self.max_tau)
+        i = ((tau * self.states + state) * 2 + int(up)) * self.buckets + bucket
+        return int.from_bytes(self.table[2 * i : 2 * i + 2], "little", signed=True)
+
+    def state(self, capacity: str, changeover_left_s: float) -> int:
+        """Index of a capacity state: 0 idle, then spot by changeover left, then on-demand."""
+        if capacity == "none":
+            return 0
+        left = int(round(changeover_left_s / self.unit_s))
+        k = min(range(len(self.rro)), key=lambda i: abs(self.rro[i] - left))
+        return 1 + k if capacity == "spot" else 1 + len(self.rro) + k
+
+
+def solve(
+    model: HazardModel,
+    tick_s: float,
+    changeover_s: float,
+    spot_price: float,
+    on_demand_price: float,
+    max_slack_s: float,
+    max_tau: int,
+    miss_penalty: float = 10.0,
+) -> Plan:
+    return _solve(
+        model,
+        float(tick_s),
+        int(round(changeover_s / (tick_s / UNITS_PER_TICK))),
+        round(spot_price / on_demand_price, 6),
+        int(max_slack_s // (tick_s / UNITS_PER_TICK)),
+        int(max_tau),
+        miss_penalty,
+    )
+
+
+@lru_cache(maxsize=64)
+def _solve(
+    model: HazardModel,
+    tick_s: float,
+    d: int,
+    price_ratio: float,
+    smax: int,
+    tmax: int,
+    miss_penalty: float,
+) -> Plan:
+    import numpy as np
+
+    g = UNITS_PER_TICK
+    unit = tick_s / g
+    # changeover left in the states of a running capacity: d - k*g > 0, then 0
+    rro = [0] + [d - k * g for k in range(1, math.ceil(d / g)) if d - k * g > 0]
+    nr = len(rro)
+    n_states = 1 + 2 * nr
+    nb = len(model.edges)
+    od_tick, spot_tick = 1.0, price_ratio  # cost of one interval, on-demand = 1
+    pen = miss_penalty * (tmax + 1)
+    h = np.array([model.down, model.up])  # [down/up, bucket]
+    adv = np.array([model.advance(b) for b in range(nb)])
+
+    def nxt_rro(r: int) -> int:
+        return rro.index(max(r - g, 0)) if max(r - g, 0) in rro else 0
+
+    launch_loss, launch_to = min(d, g), nxt_rro(d)
+    keep = [(min(r, g), nxt_rro(r)) for r in rro]
+
+    size = smax + 1
+    s_idx = np.arange(size)
+    v = np.zeros((n_states, 2, nb, size))  # tau = 0: the deadline; any stored slack >= 0 is done
+    table = np.zeros((tmax + 1, n_states, 2, nb), dtype=np.int16)
+    row = (size + 7) // 8
+    bits = np.zeros((tmax + 1, n_states, 2, nb, row), dtype=np.uint8)
+    top = np.zeros(tmax + 1)
+
+    def expect(vc: np.ndarray) -> np.ndarray:
+        """E[V(next)] for a capacity that stays (vc: [2, nb, size]) from each (a, b)."""
+        stay = vc * (1 - adv)[None, :, None]
+        stay[:, :-1] += vc[:, 1:] * adv[:-1][None, :, None]
+        flip = vc[::-1, 0][:, None, :]
+        return h[:, :, None] * flip + (1 - h[:, :, None]) * stay
+
+    def expect_spot(vs: np.ndarray, v_idle: np.ndarray) -> np.ndarray:
+        """From spot up in bucket b: reclaimed (idle, down, age 0) or on (spot, up)."""
+        up = vs[1]
+        stay = up * (1 - adv)[:, None]
+        stay[:-1] += up[1:] * adv[:-1][:, None]
+        return h[1][:, None] * v_idle[0, 0][None, :] + (1 - h[1][:, None]) * stay
+
+    def shift(w: np.ndarray, loss: int) -> np.ndarray:
+        out = np.full_like(w, pen)
+        if loss < size:
+            out[..., loss:] = w[..., : size - loss]
+        return out
+
+    for tau in range(1, tmax + 1):
+        done_from = tau * g  # slack >= time left: no work left
+        w_idle = expect(v[0])
+        w_od = [expect(v[1 + nr + k]) for k in range(nr)]
+        w_spot = [expect_spot(v[1 + k], v[0]) for k in range(nr)]
+        # actions from each state: (cost, W shifted) for cheap and for on-demand
+        od_launch = od_tick + shift(w_od[launch_to], launch_loss)
+        spot_launch = spot_tick + shift(w_spot[launch_to], launch_loss)[None]
+        wait = shift(w_idle, g)
+        new = np.empty_like(v)
+        for state in range(n_states):
+            if state == 0:
+                q_od = od_launch
+                cheap = np.concatenate([wait[:1], spot_launch], axis=0)
+            elif state <= nr:  # spot running (only ever with spot up)
+                loss, to = keep[state - 1]
+                q_od = od_launch
+                run = spot_tick + shift(w_spot[to], loss)[None]
+                cheap = np.concatenate([wait[:1], run], axis=0)
+            else:
+                loss, to = keep[state - 1 - nr]
+                q_od = od_tick + shift(w_od[to], loss)
+                cheap = np.concatenate([wait[:1], spot_launch], axis=0)
+            better = cheap < q_od - 1e-12
+            better[..., done_from:] = True  # no work left: nothing to buy
+            new[state] = np.where(better, cheap, q_od)
+            bits[tau, state] = np.packbits(better, axis=-1)
+            # for reasons: least slack from which cheap is best for every larger slack
+            all_from = np.flip(np.logical_and.accumulate(np.flip(better, -1), axis=-1), -1)
+            table[tau, state] = size - all_from.sum(axis=-1)
+        new[..., s_idx >= done_from] = 0.0
+        v = new
+        top[tau] = float(v[0, 1, 0, min(smax, done_from - 1)]) if done_from > 0 else 0.0
+    return Plan(
+        tick_s=tick_s,
+        unit_s=unit,
+        changeover_units=d,
+        rro=tuple(rro),
+        max_slack=smax,
+        max_tau=tmax,
+        table=table.astype("<i2").tobytes(),
+        bits=bits.tobytes(),
+        row=row,
+        states=n_states,
+        buckets=nb,
+        values=tuple(top.tolist()),
+    )

@@ -1,0 +1,153 @@
+"""The semi-Markov availability model and the dynamic-programming plan behind deadline_aware."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
+from airflow_spot.policy.base import Policy
+from airflow_spot.policy.deadline_aware import DeadlineAware
+from airflow_spot.policy.hazard import EDGES, HazardModel, fit, prior, runs
+from airflow_spot.policy.plan import solve
+from airflow_spot.simulate import Trace, replay
+
+# a market whose young runs end far more often than old ones (as in the real traces)
+MODEL = HazardModel(
+    up=(0.35, 0.25, 0.2, 0.15, 0.1, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02, 0.015, 0.01, 0.01),
+    down=(0.4, 0.3, 0.2, 0.15, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02, 0.02, 0.015, 0.01),
+    source="test",
+)
+
+
+def generate(model: HazardModel, n: int, rng: random.Random, up: bool = True) -> list[bool]:
+    """A sequence drawn from the model itself."""
+    out, b = [], 0
+    for _ in range(n):
+        out.append(up)
+        if rng.random() < model.hazard(up, b):
+            up, b = not up, 0
+        elif rng.random() < model.advance(b):
+            b += 1
+    return out
+
+
+class PlanOnly(Policy):
+    """Follows the plan and nothing else (no floor, no settle)."""
+
+    name = "test_plan_only"
+
+    def __init__(self, model: HazardModel) -> None:
+        self.model = model
+
+    def choose(self, job: JobSpec, obs: Observation) -> Decision:
+        plan = solve(
+            self.model,
+            job.tick_s,
+            job.changeover_s,
+            job.spot_price,
+            job.on_demand_price,
+            job.slack_s,
+            int(job.deadline_s // job.tick_s),
+        )
+        left = job.deadline_s - obs.now
+        slack = left - (job.work_s - obs.done_s)
+        up = bool(obs.spot_available)
+        cheap = plan.cheap(
+            int(left // job.tick_s),
+            plan.state(obs.capacity.value, obs.changeover_left_s),
+            up,
+            self.model.bucket(obs.spot_age_s),
+            int(slack // plan.unit_s),
+        )
+        if cheap:
+            return Decision(Capacity.SPOT if up else Capacity.NONE, "spot_up")
+        return Decision(Capacity.ON_DEMAND, "od_only")
+
+
+def test_runs_and_fit_recover_the_hazards() -> None:
+    """Runs are split and censored correctly; fitting a long sample of the model recovers its
+    hazards for young runs (where the data is)."""
+    assert runs([1, 1, 0, 1]) == [(True, 2, True), (False, 1, True), (True, 1, False)]
+    rng = random.Random(3)
+    seqs = [generate(MODEL, 20_000, rng) for _ in range(4)]
+    fitted = fit(seqs)
+    for b in range(5):
+        assert fitted.up[b] == pytest.approx(MODEL.up[b], abs=0.03)
+        assert fitted.down[b] == pytest.approx(MODEL.down[b], abs=0.03)
+    assert fitted.counts["up_runs"] > 1000
+
+
+def test_shipped_priors_load_and_reject_unknown_names() -> None:
+    """Every shipped prior loads; an unknown prior names the choices."""
+    for name in ("default", "aws-p3", "gcp-h100", "us-west-2a"):
+        m = prior(name)
+        assert len(m.up) == len(EDGES) and m.up[0] > m.up[-1]  # young runs end more often
+    with pytest.raises(ValueError, match="unknown availability prior 'nope'; choose one of"):
+        prior("nope")
+
+
+def test_model_for_a_coarser_tick_compounds_hazards() -> None:
+    """Per-interval hazards compound when the decision interval doubles."""
+    m2 = MODEL.for_tick(1200.0)
+    assert m2.up[0] == pytest.approx(1 - (1 - MODEL.up[0]) ** 2)
+    assert m2.bucket(2400.0) == m2.edges.index(2) if 2 in m2.edges else True
+    assert MODEL.for_tick(600.0) is MODEL
+
+
+def test_plan_expected_cost_matches_simulation() -> None:
+    """The plan's expected cost equals the mean cost of following it in the simulator on
+    markets drawn from its own model (the DP and the replay's tick rules agree)."""
+    job = JobSpec(work_s=8 * HOUR, deadline_s=12 * HOUR, changeover_s=0.2 * HOUR)
+    ticks = int(job.deadline_s // job.tick_s)
+    plan = solve(MODEL, 600.0, job.changeover_s, job.spot_price, 3.06, job.slack_s, ticks)
+    expected = plan.values[ticks] * 3.06 * job.tick_s / HOUR  # idle, spot up, fresh run
+    rng = random.Random(11)
+    policy = PlanOnly(MODEL)
+    costs = [
+        replay(policy, Trace("m", 600.0, np.array(generate(MODEL, ticks + 2, rng))), job).cost
+        for _ in range(1500)
+    ]
+    sem = np.std(costs) / np.sqrt(len(costs))
+    assert abs(np.mean(costs) - expected) < 3.5 * sem + 0.005 * expected
+
+
+def test_plan_beats_uniform_progress_on_its_own_model() -> None:
+    """On markets drawn from the model the plan is cheaper than Uniform Progress, never late."""
+    job = JobSpec(work_s=24 * HOUR, deadline_s=32 * HOUR, changeover_s=0.2 * HOUR)
+    rng = random.Random(5)
+    traces = [Trace("m", 600.0, np.array(generate(MODEL, 200, rng))) for _ in range(150)]
+    plan = [replay(PlanOnly(MODEL), t, job) for t in traces]
+    up = [replay(get_policy("uniform_progress"), t, job) for t in traces]
+    assert all(r.met for r in plan)
+    assert np.mean([r.cost for r in plan]) < 0.97 * np.mean([r.cost for r in up])
+
+
+def test_decision_is_a_lookup_well_under_a_millisecond() -> None:
+    """After the plan is solved (once per job shape), a decision takes microseconds."""
+    policy = DeadlineAware()
+    job = JobSpec(work_s=48 * HOUR, deadline_s=60 * HOUR, changeover_s=0.2 * HOUR)
+    t0 = time.perf_counter()
+    policy.decide(job, Observation(0.0, 0.0, Capacity.NONE, True))
+    solve_s = time.perf_counter() - t0
+    obs = [
+        Observation(i * 60.0, i * 50.0, Capacity.NONE, i % 3 != 0, 0.0, 0, 600.0 * (i % 7))
+        for i in range(2000)
+    ]
+    t0 = time.perf_counter()
+    for o in obs * 5:
+        policy.decide(job, o)
+    per = (time.perf_counter() - t0) / 10_000
+    assert per < 1e-3 and solve_s < 30
+
+
+def test_plan_for_a_long_job_with_short_looks_stays_small() -> None:
+    """A job that looks every minute for a week is planned on coarser intervals."""
+    job = JobSpec(work_s=100 * HOUR, deadline_s=168 * HOUR, changeover_s=0.1 * HOUR, tick_s=60.0)
+    plan, _ = DeadlineAware().plan(job)
+    assert plan.max_tau <= 600 and len(plan.bits) < 50_000_000
+    d = DeadlineAware().decide(job, Observation(3600.0, 3000.0, Capacity.NONE, False, 0, 0, 60))
+    assert d.capacity is Capacity.NONE and "expected outage" in d.reason
