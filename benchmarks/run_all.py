@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["policy_grid.py", "crosscheck.py", "multi_zone.py", "import_cost.py"]
+SCRIPTS = [
+    "policy_grid.py",
+    "generalise.py",
+    "crosscheck.py",
+    "multi_zone.py",
+    "import_cost.py",
+]
 
 if __name__ == "__main__":
     rc = 0

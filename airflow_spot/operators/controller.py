@@ -4,6 +4,7 @@ operator object it serves (its arguments) and the task state store the operator 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from airflow_spot.exceptions import (
 )
 from airflow_spot.jobstate import AttemptRecord, JobState
 from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
+from airflow_spot.policy import plan as plan_mod
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
 if TYPE_CHECKING:
@@ -50,6 +52,12 @@ class Controller:
         self.checkpoint_uri = str(op.checkpoint_uri)
         self.checkpoints = Checkpoints(open_store(self.checkpoint_uri))
         self.policy = get_policy(op.policy)
+        if plan_mod.CACHE_DIR is None:  # a deferred task resumes in a new process: keep plans
+            plan_mod.CACHE_DIR = os.environ.get("AIRFLOW_SPOT_PLAN_CACHE") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                "airflow-spot",
+                "plans",
+            )
         self.command = (
             shlex.split(op.command) if isinstance(op.command, str) else list(op.command or [])
         )

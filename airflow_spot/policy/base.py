@@ -83,14 +83,27 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def get_policy(name: str) -> Policy:
-    """A fresh policy by name; unknown names raise :class:`UnknownPolicy` listing the choices."""
+    """A fresh policy by name; unknown names raise :class:`UnknownPolicy` listing the choices.
+
+    ``name@option`` passes one option to a policy that takes one (``deadline_aware@aws-p3``:
+    the availability prior fitted on that trace family).
+    """
+    base, _, option = name.partition("@")
     try:
-        factory = _REGISTRY[name]
+        factory = _REGISTRY[base]
     except KeyError:
         raise UnknownPolicy(
             "policy", f"unknown policy {name!r}; choose one of {', '.join(policy_names())}"
         ) from None
-    return factory()
+    if not option:
+        return factory()
+    with_option = getattr(factory, "with_option", None)
+    if with_option is None:
+        raise UnknownPolicy("policy", f"policy {base!r} takes no option (got {option!r})")
+    try:
+        return with_option(option)
+    except ValueError as e:
+        raise UnknownPolicy("policy", f"{name!r}: {e}") from None
 
 
 def policy_names() -> list[str]:

@@ -61,6 +61,11 @@ class DeadlineAware(Policy):
     def __repr__(self) -> str:
         return f"DeadlineAware({self.params})"
 
+    @classmethod
+    def with_option(cls, option: str) -> DeadlineAware:
+        """``deadline_aware@<prior>``: the same policy on another availability prior."""
+        return cls(Params(prior=option))
+
     def plan(self, job: JobSpec) -> tuple[Plan, HazardModel]:
         step = max(job.tick_s, job.deadline_s / MAX_PLAN_STEPS)
         model = self.model.for_tick(step)

@@ -16,15 +16,20 @@ it is down; a running spot instance is kept) and on-demand. It stores, per state
 the slack, the *threshold*: the least slack from which the cheap choice is optimal for all
 larger slack. A decision is then a table lookup.
 
-Solving takes about a second (numpy, imported only here and only when a plan is solved);
+Solving takes one to four seconds (numpy, imported only here and only when a plan is solved);
 plans are cached per job shape and model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from airflow_spot.policy.hazard import HazardModel
 
@@ -46,7 +51,7 @@ class Plan:
     row: int  # bytes per row of ``bits``
     states: int
     buckets: int
-    values: object = None  # expected cost-to-go at slack = max_slack (for reasons), per tau
+    values: tuple = ()  # expected cost-to-go (on-demand intervals), idle, spot up, fresh run, top slack
 
     def cheap(self, tau: int, state: int, up: bool, bucket: int, slack: int) -> bool:
         """Whether the cheap choice is optimal in this state."""
@@ -81,18 +86,83 @@ def solve(
     max_tau: int,
     miss_penalty: float = 10.0,
 ) -> Plan:
-    return _solve(
+    """The plan for one job shape (cached in memory, and on disk when :data:`CACHE_DIR` is set).
+
+    The slack range is rounded up to a step of a geometric grid and the price ratio to two
+    decimals, so that a job whose measured throughput or spot price drifts a little between
+    looks reuses its plan instead of solving it again.
+    """
+    unit = tick_s / UNITS_PER_TICK
+    smax = int(max_slack_s // unit)
+    smax = max(UNITS_PER_TICK, math.ceil(2 ** (math.ceil(8 * math.log2(max(smax, 1))) / 8)))
+    key = (
         model,
         float(tick_s),
-        int(round(changeover_s / (tick_s / UNITS_PER_TICK))),
-        round(spot_price / on_demand_price, 6),
-        int(max_slack_s // (tick_s / UNITS_PER_TICK)),
+        int(round(changeover_s / unit)),
+        round(spot_price / on_demand_price, 2),
+        smax,
         int(max_tau),
-        miss_penalty,
+        float(miss_penalty),
     )
+    if CACHE_DIR is None:
+        return _solve(*key)
+    path = Path(CACHE_DIR) / f"plan-{_digest(key)}.bin"
+    try:
+        return load(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent or unreadable: solve it again
+    plan = _solve(*key)
+    with contextlib.suppress(OSError):  # a read-only or full cache costs the next process a solve
+        save(plan, path)
+    return plan
 
 
-@lru_cache(maxsize=64)
+CACHE_DIR: str | None = None  # set by the operator: plans outlive the worker process
+
+
+def _digest(key: tuple) -> str:
+    model, *rest = key
+    text = json.dumps([model.to_json(), *rest], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def save(plan: Plan, path: Path) -> None:
+    """Write a plan as a JSON header line and its raw tables (no pickle: safe to load)."""
+    head = {
+        f: getattr(plan, f)
+        for f in (
+            "tick_s",
+            "unit_s",
+            "changeover_units",
+            "rro",
+            "max_slack",
+            "max_tau",
+            "states",
+            "buckets",
+            "row",
+            "values",
+        )
+    }
+    head["table"], head["bits"] = len(plan.table), len(plan.bits)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(json.dumps(head).encode() + b"\n" + plan.table + plan.bits)
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> Plan:
+    """Read a plan written by :func:`save`; ``ValueError`` when the file is not one."""
+    with open(path, "rb") as fh:
+        head = json.loads(fh.readline())
+        table, bits = fh.read(head.pop("table")), fh.read(head.pop("bits"))
+    if len(bits) != (head["max_tau"] + 1) * head["states"] * 2 * head["buckets"] * head["row"]:
+        raise ValueError(f"{path}: truncated plan")
+    head["rro"], head["values"] = tuple(head["rro"]), tuple(head["values"])
+    return Plan(table=table, bits=bits, **head)
+
+
+@lru_cache(maxsize=8)
 def _solve(
     model: HazardModel,
     tick_s: float,

@@ -12,7 +12,7 @@ from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, 
 from airflow_spot.policy.base import Policy
 from airflow_spot.policy.deadline_aware import DeadlineAware
 from airflow_spot.policy.hazard import EDGES, HazardModel, fit, prior, runs
-from airflow_spot.policy.plan import solve
+from airflow_spot.policy.plan import _solve, load, save, solve
 from airflow_spot.simulate import Trace, replay
 
 # a market whose young runs end far more often than old ones (as in the real traces)
@@ -103,7 +103,8 @@ def test_plan_expected_cost_matches_simulation() -> None:
     markets drawn from its own model (the DP and the replay's tick rules agree)."""
     job = JobSpec(work_s=8 * HOUR, deadline_s=12 * HOUR, changeover_s=0.2 * HOUR)
     ticks = int(job.deadline_s // job.tick_s)
-    plan = solve(MODEL, 600.0, job.changeover_s, job.spot_price, 3.06, job.slack_s, ticks)
+    ratio = round(job.spot_price / 3.06, 2)
+    plan = _solve(MODEL, 600.0, 12, ratio, int(job.slack_s // 60), ticks, 10.0)
     expected = plan.values[ticks] * 3.06 * job.tick_s / HOUR  # idle, spot up, fresh run
     rng = random.Random(11)
     policy = PlanOnly(MODEL)
@@ -151,3 +152,33 @@ def test_plan_for_a_long_job_with_short_looks_stays_small() -> None:
     assert plan.max_tau <= 600 and len(plan.bits) < 50_000_000
     d = DeadlineAware().decide(job, Observation(3600.0, 3000.0, Capacity.NONE, False, 0, 0, 60))
     assert d.capacity is Capacity.NONE and "expected outage" in d.reason
+
+
+def test_policy_option_picks_the_prior() -> None:
+    """``deadline_aware@gcp-h100`` runs on that prior; bad options are named."""
+    from airflow_spot.exceptions import UnknownPolicy
+
+    assert get_policy("deadline_aware@gcp-h100").model.source == "gcp-h100"
+    with pytest.raises(UnknownPolicy, match="unknown availability prior 'mars'"):
+        get_policy("deadline_aware@mars")
+    with pytest.raises(UnknownPolicy, match="takes no option"):
+        get_policy("greedy@fast")
+
+
+def test_plans_cache_on_disk_and_reject_damaged_files(tmp_path, monkeypatch) -> None:
+    """With a cache directory a plan solved once is read back identical by later processes;
+    a damaged file is solved again and rewritten."""
+    import airflow_spot.policy.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "CACHE_DIR", str(tmp_path))
+    args = (MODEL, 600.0, 720.0, 0.9731, 3.06, 4 * HOUR, 72)
+    first = solve(*args)
+    (path,) = tmp_path.glob("plan-*.bin")
+    again = load(path)
+    assert again == first
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError):
+        load(path)
+    assert solve(*args) == first and load(path) == first
+    save(first, tmp_path / "copy.bin")
+    assert load(tmp_path / "copy.bin").cheap(10, 0, True, 0, 30) == first.cheap(10, 0, True, 0, 30)
