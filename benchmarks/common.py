@@ -4,6 +4,8 @@
 * ``aws-p3``: 300 random-start windows per zone (92 h, 600 s ticks) cut from
   ``aws-p3-2month`` (its ~195 s probes resampled onto 600 s ticks).
 * ``gcp-h100``: the same cut from ``gcp-h100-2week``.
+* ``us-west-2a-later``: the same cut from the part of the raw us-west-2a trace after the last
+  paper window (for fitting only: never scored as ``paper``).
 
 The full traces are read from ``../shared/traces`` or ``$SPOT_TRACES``.
 """
@@ -23,6 +25,9 @@ PAPER_ENVS = ["us-west-2a_k80_1", "us-west-2a_k80_8", "us-west-2a_v100_1", "us-w
 GRID_DEADLINES = (52, 56, 60, 64, 70, 80)
 GRID_CHANGEOVERS = (0.05, 0.2, 0.4)
 WINDOW_TICKS = 554  # 92.3 h of 600 s ticks, as the paper
+# The paper's windows use ticks [3, 1767) of the 27-day us-west-2a trace (windows_index.csv);
+# the 14.8 days after them are never scored, so fitting may use them ("us-west-2a-later").
+HELD_OUT_FROM = 1767
 
 
 def grid() -> list[Setting]:
@@ -46,6 +51,8 @@ def family_windows(family: str, per_zone: int = 300, seed: int = 0) -> list[Trac
         traces = [load_trace(f, polarity="unavailable") for f in files]
     elif family == "paper":
         return paper_windows(per_zone)
+    elif family == "us-west-2a-later":
+        traces = [t.window(HELD_OUT_FROM, len(t) - HELD_OUT_FROM) for t in _us_west_2a()]
     else:
         raise ValueError(f"unknown family {family!r}")
     return [
@@ -61,11 +68,17 @@ def family_sequences(family: str) -> list[list[bool]]:
         files = sorted((ROOT / "gcp-h100-2week").glob("*.json"))
         traces = [load_trace(f, polarity="unavailable") for f in files]
     elif family == "us-west-2a":  # the raw trace the paper's windows were cut from
-        files = sorted((ROOT / "aws-v100-k80-2week").glob("*.json"))
-        traces = [load_trace(f, polarity="available") for f in files]
+        traces = _us_west_2a()
+    elif family == "us-west-2a-later":  # only after the last tick of any paper window
+        traces = [t.window(HELD_OUT_FROM, len(t) - HELD_OUT_FROM) for t in _us_west_2a()]
     else:
         raise ValueError(f"unknown family {family!r}")
     return [t.available.tolist() for t in traces]
+
+
+def _us_west_2a() -> list[Trace]:
+    files = sorted((ROOT / "aws-v100-k80-2week").glob("*.json"))
+    return [load_trace(f, polarity="available") for f in files]
 
 
 def _aws(path: Path) -> Trace:

@@ -43,7 +43,7 @@ def _cell(args: tuple) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--families", nargs="+", default=["aws-p3", "gcp-h100"])
+    ap.add_argument("--families", nargs="+", default=["aws-p3", "gcp-h100", "us-west-2a-later"])
     ap.add_argument("--per-zone", type=int, default=6)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
@@ -53,7 +53,7 @@ def main() -> None:
     cells = grid()
     cands: list[Params | None] = [None] + [
         Params(f=f, settle=st)
-        for f, st in itertools.product((0.3, 0.4, 0.5, 0.6, 0.7), (0.0, 1.5, 2.5, 4.0))
+        for f, st in itertools.product((0.3, 0.4, 0.5, 0.6), (0.0, 1.5, 2.5, 3.5))
     ]
     t0 = time.time()
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(traces,)) as pool:

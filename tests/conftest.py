@@ -11,6 +11,7 @@ os.environ.setdefault("AIRFLOW_HOME", str(_HOME / "airflow_home"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+os.environ.setdefault("AIRFLOW_SPOT_PLAN_CACHE", str(_HOME / "plans"))
 
 REPO = Path(__file__).resolve().parents[1]
 

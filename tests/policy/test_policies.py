@@ -62,7 +62,7 @@ def test_unknown_policy_names_the_choices() -> None:
         ("slack_reserve", obs(40, 47.5, OD, spot=True, spot_age_s=3600), OD),  # finish
         ("deadline_aware", obs(1, 1, spot=False), NONE),  # a fresh outage, 12 h of slack: wait
         ("deadline_aware", obs(1, 1), SPOT),
-        ("deadline_aware", obs(30, 21, spot=False), OD),  # slack 3 h: under the floor 3.2 h
+        ("deadline_aware", obs(30, 20.5, spot=False), OD),  # slack 2.5 h: under the floor 2.6 h
         ("deadline_aware", obs(30, 22, OD, spot=False), OD),  # never leave on-demand while down
         ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=3600), SPOT),  # settled: return
         ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=0), OD),  # let spot settle
