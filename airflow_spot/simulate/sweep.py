@@ -57,7 +57,10 @@ def _run_online(args: tuple) -> list[dict]:
     policy_name, traces, setting, use_prices = args
     policy = get_policy(policy_name)
     job = setting.job(traces[0].gap_s)
-    return [replay(policy, tr, job, use_trace_prices=use_prices).row() for tr in traces]
+    rows = [replay(policy, tr, job, use_trace_prices=use_prices).row() for tr in traces]
+    for r in rows:
+        r["policy"] = policy_name  # "deadline_aware@aws-p3" stays apart from "deadline_aware"
+    return rows
 
 
 def _run_omniscient(args: tuple) -> list[dict]:

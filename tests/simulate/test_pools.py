@@ -44,3 +44,17 @@ def test_multi_pool_is_no_dearer_than_its_best_pool_here() -> None:
     alone = [replay_pools(get_policy("deadline_aware"), [p], job) for p in (a, b)]
     assert both.met and all(r.met for r in alone)
     assert both.cost < min(r.cost for r in alone)
+
+
+def test_sweep_keeps_policy_variants_apart() -> None:
+    """Rows of ``deadline_aware@<prior>`` are named by the spec, not the class's name."""
+    from airflow_spot.simulate.sweep import Setting, sweep
+
+    trace = Trace("t", 600.0, np.array([True, False] * 60))
+    rows = sweep(
+        [trace],
+        ["deadline_aware", "deadline_aware@gcp-h100"],
+        [Setting(8.0, 12.0, 0.2, 0.9731, 3.06)],
+        workers=1,
+    )
+    assert sorted(r["policy"] for r in rows) == ["deadline_aware", "deadline_aware@gcp-h100"]
