@@ -33,13 +33,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from airflow_spot.policy.base import Policy, register
-from airflow_spot.policy.hazard import HazardModel, prior
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
-from airflow_spot.policy.plan import Plan, solve
 
-MAX_PLAN_STEPS = 600  # the plan's intervals are at least deadline / 600 long
+if TYPE_CHECKING:  # the model and the solver load on first use: DAG parsing never pays for them
+    from airflow_spot.policy.hazard import HazardModel
+    from airflow_spot.policy.plan import Plan
+
+MAX_PLAN_STEPS = 600
+PRIORS = (
+    Path(__file__).resolve().parent / "priors"
+)  # the plan's intervals are at least deadline / 600 long
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,21 @@ class DeadlineAware(Policy):
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params or Params()
-        self.model = prior(self.params.prior)
+        names = sorted(p.stem for p in PRIORS.glob("*.json"))
+        if self.params.prior not in names:
+            raise ValueError(
+                f"unknown availability prior {self.params.prior!r}; choose one of {', '.join(names)}"
+            )
+        self._model: HazardModel | None = None
+
+    @property
+    def model(self) -> HazardModel:
+        """The availability prior, loaded on first use (not when a DAG file is parsed)."""
+        if self._model is None:
+            from airflow_spot.policy.hazard import prior
+
+            self._model = prior(self.params.prior)
+        return self._model
 
     def __repr__(self) -> str:
         return f"DeadlineAware({self.params})"
@@ -70,6 +91,8 @@ class DeadlineAware(Policy):
         return cls(Params(prior=option))
 
     def plan(self, job: JobSpec) -> tuple[Plan, HazardModel]:
+        from airflow_spot.policy.plan import solve
+
         step = max(job.tick_s, job.deadline_s / MAX_PLAN_STEPS)
         model = self.model.for_tick(step)
         plan = solve(

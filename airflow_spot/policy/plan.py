@@ -23,7 +23,6 @@ plans are cached per job shape and model.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -121,6 +120,8 @@ CACHE_DIR: str | None = None  # set by the operator: plans outlive the worker pr
 
 
 def _digest(key: tuple) -> str:
+    import hashlib
+
     model, *rest = key
     text = json.dumps([model.to_json(), *rest], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

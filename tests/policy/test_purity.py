@@ -37,3 +37,17 @@ def test_core_never_reads_the_clock() -> None:
         text = src.read_text()
         for needle in ("time.time(", "datetime.now(", "utcnow(", "monotonic(", "perf_counter("):
             assert needle not in text, f"{src.name} reads the clock via {needle}"
+
+
+def test_policy_import_and_construction_leave_the_planner_unloaded() -> None:
+    """Parsing a DAG imports the policies and builds one to validate its name; the
+    availability model and the solver load only at the first decision."""
+    code = (
+        "import sys; from airflow_spot.policy import get_policy; get_policy('deadline_aware'); "
+        "print(','.join(m for m in ('airflow_spot.policy.plan', 'airflow_spot.policy.hazard', "
+        "'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == ""
