@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from airflow_spot.policy.base import Policy, register
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
+from airflow_spot.policy.reserve import share_of_up_reserve
 
 if TYPE_CHECKING:  # the model and the solver load on first use: DAG parsing never pays for them
     from airflow_spot.policy.hazard import HazardModel
@@ -108,8 +109,7 @@ class DeadlineAware(Policy):
         return plan, model
 
     def reserve(self, job: JobSpec, obs: Observation) -> float:
-        line = job.slack_s * (job.deadline_s - obs.now) / job.deadline_s
-        return self.params.f * line + self.params.floor * job.changeover_s
+        return share_of_up_reserve(job, obs.now, self.params.f, self.params.floor)
 
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
         p = self.params

@@ -8,8 +8,8 @@ before the next interval. Buckets are narrow for young runs and widen geometrica
 
 :func:`fit` estimates the hazards from availability sequences (events / exposure per bucket,
 runs cut by the end of a sequence count as exposure only, the run a sequence starts in is
-skipped because its age is unknown). :meth:`HazardModel.scaled` speeds a model up or slows it
-down, which is how a job adapts the prior to what it has seen (:func:`rescale`).
+skipped because its age is unknown). :meth:`HazardModel.for_tick` carries a model to
+another decision interval.
 
 Pure Python: nothing here imports numpy, Airflow or a cloud SDK, and nothing reads a clock.
 """
@@ -94,21 +94,6 @@ class HazardModel:
             if mass < 1e-6:
                 break
         return (total + 0.5) * self.tick_s
-
-    def scaled(self, up: float, down: float) -> HazardModel:
-        """The model with up-run hazards times ``up`` and down-run hazards times ``down``."""
-        return HazardModel(
-            tuple(_clip(h * up) for h in self.up),
-            tuple(_clip(h * down) for h in self.down),
-            self.tick_s,
-            self.edges,
-            f"{self.source} x({up:g},{down:g})",
-        )
-
-    def expected_ends(self, up: bool, ages: Iterable[int]) -> float:
-        """Expected number of run ends over the given exposure (ages in intervals)."""
-        hs = self.up if up else self.down
-        return sum(hs[bisect.bisect_right(self.edges, k) - 1] for k in ages)
 
     def to_json(self) -> dict:
         return {

@@ -12,9 +12,10 @@ spot is down at its end, and a job whose slack would fall below zero misses its 
 (charged ``miss_penalty`` times the all-on-demand cost).
 
 In each state the plan keeps two choices: the cheap one (spot when spot is up, nothing when
-it is down; a running spot instance is kept) and on-demand. It stores, per state without
-the slack, the *threshold*: the least slack from which the cheap choice is optimal for all
-larger slack. A decision is then a table lookup.
+it is down; a running spot instance is kept) and on-demand. It stores one bit per state,
+slack included: is the cheap choice optimal? (Not a slack threshold per state: near the
+deadline the best choice is not monotone in the slack, and thresholds cost 2 %.) A decision
+is then a table lookup.
 
 Solving takes one to four seconds (numpy, imported only here and only when a plan is solved);
 plans are cached per job shape and model.
@@ -37,15 +38,13 @@ UNITS_PER_TICK = 10
 
 @dataclass(frozen=True)
 class Plan:
-    """Solved thresholds: ``threshold(tau, cap_state, up, bucket)`` in slack units."""
+    """A solved plan: one bit per state, set where the cheap choice is optimal."""
 
     tick_s: float
     unit_s: float
-    changeover_units: int
     rro: tuple[int, ...]  # changeover left (units) per running-capacity state, 0 first
     max_slack: int
     max_tau: int
-    table: bytes  # int16, shape (max_tau + 1, states, 2, buckets)
     bits: bytes  # packed bools: cheap is best, shape (max_tau + 1, states, 2, buckets, slack)
     row: int  # bytes per row of ``bits``
     states: int
@@ -60,11 +59,6 @@ class Plan:
             return False
         i = (((tau * self.states + state) * 2 + int(up)) * self.buckets + bucket) * self.row
         return bool(self.bits[i + (slack >> 3)] & (0x80 >> (slack & 7)))
-
-    def threshold(self, tau: int, state: int, up: bool, bucket: int) -> int:
-        tau = min(max(tau, 0), self.max_tau)
-        i = ((tau * self.states + state) * 2 + int(up)) * self.buckets + bucket
-        return int.from_bytes(self.table[2 * i : 2 * i + 2], "little", signed=True)
 
     def state(self, capacity: str, changeover_left_s: float) -> int:
         """Index of a capacity state: 0 idle, then spot by changeover left, then on-demand."""
@@ -128,13 +122,12 @@ def _digest(key: tuple) -> str:
 
 
 def save(plan: Plan, path: Path) -> None:
-    """Write a plan as a JSON header line and its raw tables (no pickle: safe to load)."""
+    """Write a plan as a JSON header line and its raw bits (no pickle: safe to load)."""
     head = {
         f: getattr(plan, f)
         for f in (
             "tick_s",
             "unit_s",
-            "changeover_units",
             "rro",
             "max_slack",
             "max_tau",
@@ -144,11 +137,11 @@ def save(plan: Plan, path: Path) -> None:
             "values",
         )
     }
-    head["table"], head["bits"] = len(plan.table), len(plan.bits)
+    head["bits"] = len(plan.bits)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with open(tmp, "wb") as fh:
-        fh.write(json.dumps(head).encode() + b"\n" + plan.table + plan.bits)
+        fh.write(json.dumps(head).encode() + b"\n" + plan.bits)
     os.replace(tmp, path)
 
 
@@ -156,11 +149,11 @@ def load(path: Path) -> Plan:
     """Read a plan written by :func:`save`; ``ValueError`` when the file is not one."""
     with open(path, "rb") as fh:
         head = json.loads(fh.readline())
-        table, bits = fh.read(head.pop("table")), fh.read(head.pop("bits"))
+        bits = fh.read(head.pop("bits"))
     if len(bits) != (head["max_tau"] + 1) * head["states"] * 2 * head["buckets"] * head["row"]:
         raise ValueError(f"{path}: truncated plan")
     head["rro"], head["values"] = tuple(head["rro"]), tuple(head["values"])
-    return Plan(table=table, bits=bits, **head)
+    return Plan(bits=bits, **head)
 
 
 @lru_cache(maxsize=8)
@@ -188,7 +181,7 @@ def _solve(
     adv = np.array([model.advance(b) for b in range(nb)])
 
     def nxt_rro(r: int) -> int:
-        return rro.index(max(r - g, 0)) if max(r - g, 0) in rro else 0
+        return rro.index(max(r - g, 0))
 
     launch_loss, launch_to = min(d, g), nxt_rro(d)
     keep = [(min(r, g), nxt_rro(r)) for r in rro]
@@ -196,24 +189,24 @@ def _solve(
     size = smax + 1
     s_idx = np.arange(size)
     v = np.zeros((n_states, 2, nb, size))  # tau = 0: the deadline; any stored slack >= 0 is done
-    table = np.zeros((tmax + 1, n_states, 2, nb), dtype=np.int16)
     row = (size + 7) // 8
     bits = np.zeros((tmax + 1, n_states, 2, nb, row), dtype=np.uint8)
     top = np.zeros(tmax + 1)
 
-    def expect(vc: np.ndarray) -> np.ndarray:
-        """E[V(next)] for a capacity that stays (vc: [2, nb, size]) from each (a, b)."""
+    def older(vc: np.ndarray) -> np.ndarray:
+        """V(next) when the run goes on one interval (it may move to the next age bucket)."""
         stay = vc * (1 - adv)[None, :, None]
         stay[:, :-1] += vc[:, 1:] * adv[:-1][None, :, None]
+        return stay
+
+    def expect(vc: np.ndarray) -> np.ndarray:
+        """E[V(next)] for a capacity that stays (vc: [2, nb, size]) from each (a, b)."""
         flip = vc[::-1, 0][:, None, :]
-        return h[:, :, None] * flip + (1 - h[:, :, None]) * stay
+        return h[:, :, None] * flip + (1 - h[:, :, None]) * older(vc)
 
     def expect_spot(vs: np.ndarray, v_idle: np.ndarray) -> np.ndarray:
         """From spot up in bucket b: reclaimed (idle, down, age 0) or on (spot, up)."""
-        up = vs[1]
-        stay = up * (1 - adv)[:, None]
-        stay[:-1] += up[1:] * adv[:-1][:, None]
-        return h[1][:, None] * v_idle[0, 0][None, :] + (1 - h[1][:, None]) * stay
+        return h[1][:, None] * v_idle[0, 0][None, :] + (1 - h[1][:, None]) * older(vs)[1]
 
     def shift(w: np.ndarray, loss: int) -> np.ndarray:
         out = np.full_like(w, pen)
@@ -248,20 +241,15 @@ def _solve(
             better[..., done_from:] = True  # no work left: nothing to buy
             new[state] = np.where(better, cheap, q_od)
             bits[tau, state] = np.packbits(better, axis=-1)
-            # for reasons: least slack from which cheap is best for every larger slack
-            all_from = np.flip(np.logical_and.accumulate(np.flip(better, -1), axis=-1), -1)
-            table[tau, state] = size - all_from.sum(axis=-1)
         new[..., s_idx >= done_from] = 0.0
         v = new
         top[tau] = float(v[0, 1, 0, min(smax, done_from - 1)]) if done_from > 0 else 0.0
     return Plan(
         tick_s=tick_s,
         unit_s=unit,
-        changeover_units=d,
         rro=tuple(rro),
         max_slack=smax,
         max_tau=tmax,
-        table=table.astype("<i2").tobytes(),
         bits=bits.tobytes(),
         row=row,
         states=n_states,

@@ -32,6 +32,12 @@ from airflow_spot.policy.base import Policy, register
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
 
 
+def share_of_up_reserve(job: JobSpec, now: float, f: float, floor: float) -> float:
+    """Slack to keep at ``now``: ``f`` times Uniform Progress's line plus ``floor`` changeovers."""
+    line = job.slack_s * (job.deadline_s - now) / job.deadline_s
+    return f * line + floor * job.changeover_s
+
+
 @dataclass(frozen=True)
 class Params:
     f: float = 0.6  # share of Uniform Progress's reserve line to keep
@@ -53,9 +59,7 @@ class SlackReserve(Policy):
         self.params = params or Params()
 
     def reserve(self, job: JobSpec, obs: Observation) -> float:
-        """Slack to keep at ``now``: a share of Uniform Progress's line plus a floor."""
-        line = job.slack_s * (job.deadline_s - obs.now) / job.deadline_s
-        return self.params.f * line + self.params.floor * job.changeover_s
+        return share_of_up_reserve(job, obs.now, self.params.f, self.params.floor)
 
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
         p = self.params
