@@ -57,6 +57,9 @@ class JobState:
     spot_last: bool | None = None
     spot_last_change: float | None = None
     spot_down_s: float = 0.0  # market seconds spot was seen down
+    spot_run_seen_start: bool = False  # the current run began after the job's first look
+    spot_last_up_s: float | None = None  # market seconds of the last spot run seen whole
+    spot_last_down_s: float | None = None  # market seconds of the last outage seen whole
     last_seen: float | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     finished: dict[str, Any] | None = None
@@ -91,6 +94,14 @@ class JobState:
         if self.last_seen is not None and self.spot_last is False:
             self.spot_down_s += (wall - self.last_seen) * self.time_scale
         if available is not None and available != self.spot_last:
+            if self.spot_last is not None and self.spot_last_change is not None:
+                if self.spot_run_seen_start:
+                    length = (wall - self.spot_last_change) * self.time_scale
+                    if self.spot_last:
+                        self.spot_last_up_s = length
+                    else:
+                        self.spot_last_down_s = length
+                self.spot_run_seen_start = True
             self.spot_last_change = wall
         if available is not None:
             self.spot_last = available

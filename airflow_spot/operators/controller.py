@@ -410,7 +410,16 @@ class Controller:
                 "give more time or cut the work",
             )
         obs = Observation(
-            now_m, done_s, cap, spot, left, st.preemptions, st.spot_age_s(now), st.spot_down_s
+            now_m,
+            done_s,
+            cap,
+            spot,
+            left,
+            st.preemptions,
+            st.spot_age_s(now),
+            st.spot_down_s,
+            st.spot_last_up_s,
+            st.spot_last_down_s,
         )
         decision = self.policy.decide(job, obs)
         if (

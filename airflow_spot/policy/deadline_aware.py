@@ -2,12 +2,14 @@
 
 At every look the policy reads a precomputed plan (:mod:`.plan`): for the time left, the
 slack (time left minus work left), the capacity held and the changeover still to pay on it,
-whether spot is up and how long its current run has lasted, is the cheap choice (spot when
-it is up, waiting when it is down) cheaper in expectation than on-demand? The plan is solved
-once per job shape by stochastic dynamic programming over a semi-Markov model of spot
-availability (:mod:`.hazard`): young runs of spot (and young outages) end much more often
-than old ones, so the plan waits out outages that are likely to end soon, starts spot that
-is likely to last, and pays for on-demand when the slack no longer covers the expected wait.
+whether spot is up, how long its current run has lasted and whether the last spot run and
+the last outage were short, is the cheap choice (spot when it is up, waiting when it is
+down) cheaper in expectation than on-demand? The plan is solved once per job shape by
+stochastic dynamic programming over a semi-Markov model of spot availability
+(:mod:`.hazard`): young runs of spot (and young outages) end much more often than old ones,
+and short runs come in streaks, so the plan waits out outages that are likely to end soon,
+starts spot that is likely to last, skips spot that flickers, and pays for on-demand when
+the slack no longer covers the expected wait.
 
 Two rules learnt from the traces sit on top, because real availability has regimes the
 model does not see (a window with hours of two-interval spot runs, or a day-long outage):
@@ -119,15 +121,16 @@ class DeadlineAware(Policy):
         slack = left - (job.work_s - obs.done_s)
         up = bool(obs.spot_available)
         bucket = model.bucket(obs.spot_age_s)
+        context = model.context_of(obs.last_up_s, obs.last_down_s)
         cheap = plan.cheap(
             int(left // plan.tick_s + 1e-9),
             plan.state(obs.capacity.value, obs.changeover_left_s),
             up,
-            bucket,
+            context * len(model.edges) + bucket,
             int(slack // plan.unit_s + 1e-9) if slack >= 0 else -1,
         )
         age_h = obs.spot_age_s / HOUR
-        more = _Expected(model, up, bucket)
+        more = _Expected(model, up, bucket, context)
         if up:
             if obs.capacity is Capacity.ON_DEMAND:
                 if not cheap:
@@ -151,15 +154,15 @@ class DeadlineAware(Policy):
 class _Expected:
     """Expected hours left in the current run, computed only when a reason is read."""
 
-    __slots__ = ("model", "up", "bucket")
+    __slots__ = ("model", "up", "bucket", "context")
 
-    def __init__(self, model: HazardModel, up: bool, bucket: int) -> None:
-        self.model, self.up, self.bucket = model, up, bucket
+    def __init__(self, model: HazardModel, up: bool, bucket: int, context: int) -> None:
+        self.model, self.up, self.bucket, self.context = model, up, bucket, context
 
     def __format__(self, spec: str) -> str:
-        return format(_expected_h(self.model, self.up, self.bucket), spec)
+        return format(_expected_h(self.model, self.up, self.bucket, self.context), spec)
 
 
 @lru_cache(maxsize=512)
-def _expected_h(model: HazardModel, up: bool, bucket: int) -> float:
-    return model.expected_left_s(up, model.edges[bucket] * model.tick_s) / HOUR
+def _expected_h(model: HazardModel, up: bool, bucket: int, context: int) -> float:
+    return model.expected_left_s(up, model.edges[bucket] * model.tick_s, context) / HOUR

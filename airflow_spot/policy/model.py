@@ -96,6 +96,8 @@ class Observation:
     :param preemptions: spot preemptions so far.
     :param spot_age_s: how long spot has been in its current state (up or down), as seen.
     :param spot_down_s: total time spot has been seen down since the job started.
+    :param last_up_s: how long the last spot run seen whole (start and end) lasted.
+    :param last_down_s: how long the last outage seen whole lasted.
     """
 
     now: float
@@ -106,6 +108,8 @@ class Observation:
     preemptions: int = 0
     spot_age_s: float = 0.0
     spot_down_s: float = 0.0
+    last_up_s: float | None = None
+    last_down_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

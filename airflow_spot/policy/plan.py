@@ -1,9 +1,9 @@
 """The plan: stochastic dynamic programming over slack, time left, capacity and spot's state.
 
 State at a decision point: whole decision intervals left ``tau``, slack ``s`` (time left
-minus work left, in units of a tenth of an interval), the capacity held with the changeover
-still to pay on it, whether spot is up, and the bucket of the current run's age
-(:mod:`.hazard`). The work left is ``tau * interval - s``, so the deadline and the work need
+minus work left, in units of a tenth of an interval, coarser for very large slack), the capacity held with the changeover
+still to pay on it, whether spot is up, the context (were the last spot run and the last
+outage short) and the bucket of the current run's age (:mod:`.hazard`). The work left is ``tau * interval - s``, so the deadline and the work need
 not be stored: one plan serves every job with the same interval, changeover and prices.
 The tick rules are the simulator's (:mod:`airflow_spot.simulate.engine`): every interval is
 billed in full at the price of the capacity that ran in it, a launch loses the changeover,
@@ -34,6 +34,9 @@ from pathlib import Path
 from airflow_spot.policy.hazard import HazardModel
 
 UNITS_PER_TICK = 10
+MAX_SLACK_UNITS = (
+    2048  # slack levels; a job with more slack than 204.8 intervals gets coarser units
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Plan:
     max_slack: int
     max_tau: int
     bits: bytes  # packed bools: cheap is best, shape (max_tau + 1, states, 2, buckets, slack)
+    # (``buckets``: contexts x age buckets, context-major)
     row: int  # bytes per row of ``bits``
     states: int
     buckets: int
@@ -83,11 +87,15 @@ def solve(
 
     The slack range is rounded up to a step of a geometric grid and the price ratio to two
     decimals, so that a job whose measured throughput or spot price drifts a little between
-    looks reuses its plan instead of solving it again.
+    looks reuses its plan instead of solving it again. Slack is kept in tenths of an interval,
+    coarser (down to halves) when that would take more than :data:`MAX_SLACK_UNITS` levels.
     """
-    unit = tick_s / UNITS_PER_TICK
+    g = UNITS_PER_TICK
+    if max_slack_s / tick_s * g > MAX_SLACK_UNITS:
+        g = max(2, int(MAX_SLACK_UNITS * tick_s // max_slack_s))
+    unit = tick_s / g
     smax = int(max_slack_s // unit)
-    smax = max(UNITS_PER_TICK, math.ceil(2 ** (math.ceil(8 * math.log2(max(smax, 1))) / 8)))
+    smax = max(g, math.ceil(2 ** (math.ceil(8 * math.log2(max(smax, 1))) / 8)))
     key = (
         model,
         float(tick_s),
@@ -96,6 +104,7 @@ def solve(
         smax,
         int(max_tau),
         float(miss_penalty),
+        g,
     )
     if CACHE_DIR is None:
         return _solve(*key)
@@ -165,20 +174,34 @@ def _solve(
     smax: int,
     tmax: int,
     miss_penalty: float,
+    g: int = UNITS_PER_TICK,
 ) -> Plan:
     import numpy as np
 
-    g = UNITS_PER_TICK
     unit = tick_s / g
     # changeover left in the states of a running capacity: d - k*g > 0, then 0
     rro = [0] + [d - k * g for k in range(1, math.ceil(d / g)) if d - k * g > 0]
     nr = len(rro)
     n_states = 1 + 2 * nr
     nb = len(model.edges)
+    nbx = model.contexts * nb  # buckets of every context, context-major
     od_tick, spot_tick = 1.0, price_ratio  # cost of one interval, on-demand = 1
     pen = miss_penalty * (tmax + 1)
-    h = np.array([model.down, model.up])  # [down/up, bucket]
-    adv = np.array([model.advance(b) for b in range(nb)])
+    # per (down/up, context-and-bucket): hazard, where the run's end leads (the first bucket of
+    # the other kind, in the context updated with this run's length), chance of ageing a bucket
+    h = np.zeros((2, nbx))
+    flip_to = np.zeros((2, nbx), dtype=np.intp)
+    adv = np.zeros(nbx)
+    for k in range(model.contexts):
+        short_up, short_down = divmod(k, 2)
+        for b in range(nb):
+            x = k * nb + b
+            h[0, x], h[1, x] = model.table(False, k)[b], model.table(True, k)[b]
+            adv[x] = model.advance(b)
+            if model.contexts > 1:
+                short = (model.edges[b] + 1) * tick_s <= model.short_s + 1e-6
+                flip_to[0, x] = (2 * short_up + short) * nb
+                flip_to[1, x] = (2 * short + short_down) * nb
 
     def nxt_rro(r: int) -> int:
         return rro.index(max(r - g, 0))
@@ -188,9 +211,9 @@ def _solve(
 
     size = smax + 1
     s_idx = np.arange(size)
-    v = np.zeros((n_states, 2, nb, size))  # tau = 0: the deadline; any stored slack >= 0 is done
+    v = np.zeros((n_states, 2, nbx, size))  # tau = 0: the deadline; any stored slack >= 0 is done
     row = (size + 7) // 8
-    bits = np.zeros((tmax + 1, n_states, 2, nb, row), dtype=np.uint8)
+    bits = np.zeros((tmax + 1, n_states, 2, nbx, row), dtype=np.uint8)
     top = np.zeros(tmax + 1)
 
     def older(vc: np.ndarray) -> np.ndarray:
@@ -200,13 +223,13 @@ def _solve(
         return stay
 
     def expect(vc: np.ndarray) -> np.ndarray:
-        """E[V(next)] for a capacity that stays (vc: [2, nb, size]) from each (a, b)."""
-        flip = vc[::-1, 0][:, None, :]
+        """E[V(next)] for a capacity that stays (vc: [2, nbx, size]) from each (a, b)."""
+        flip = np.stack([vc[1][flip_to[0]], vc[0][flip_to[1]]])
         return h[:, :, None] * flip + (1 - h[:, :, None]) * older(vc)
 
     def expect_spot(vs: np.ndarray, v_idle: np.ndarray) -> np.ndarray:
         """From spot up in bucket b: reclaimed (idle, down, age 0) or on (spot, up)."""
-        return h[1][:, None] * v_idle[0, 0][None, :] + (1 - h[1][:, None]) * older(vs)[1]
+        return h[1][:, None] * v_idle[0][flip_to[1]] + (1 - h[1][:, None]) * older(vs)[1]
 
     def shift(w: np.ndarray, loss: int) -> np.ndarray:
         out = np.full_like(w, pen)
@@ -253,6 +276,6 @@ def _solve(
         bits=bits.tobytes(),
         row=row,
         states=n_states,
-        buckets=nb,
+        buckets=nbx,
         values=tuple(top.tolist()),
     )

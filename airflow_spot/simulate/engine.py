@@ -83,12 +83,15 @@ def replay(
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     work_on = {SPOT: 0.0, OD: 0.0}
     age_since, prev_has, down = 0.0, None, 0.0
+    last_run: dict[bool, float | None] = {True: None, False: None}  # runs seen whole
     t = 0
     met = False
     while True:
         now = t * gap
         has = avail[t] if t < n else False
         if has != prev_has:
+            if prev_has is not None and age_since > 0:
+                last_run[prev_has] = now - age_since
             age_since, prev_has = now, has
         if t > 0 and (t > n or not avail[t - 1]):
             down += gap
@@ -122,7 +125,18 @@ def replay(
         if now >= deadline:
             seg.close("deadline")
             break
-        obs = Observation(now, done, cur, has, rro, preemptions, now - age_since, down)
+        obs = Observation(
+            now,
+            done,
+            cur,
+            has,
+            rro,
+            preemptions,
+            now - age_since,
+            down,
+            last_run[True],
+            last_run[False],
+        )
         req = policy.decide(job, obs).capacity
         if req is not cur:
             if req is not NONE:

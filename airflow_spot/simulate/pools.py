@@ -56,6 +56,7 @@ def replay_pools(
     preemptions, cool_until = 0, [-1] * k
     launches = {p.name: 0 for p in pools}
     age_since, prev_any, down = 0.0, None, 0.0
+    last_run: dict[bool, float | None] = {True: None, False: None}  # runs seen whole
     t = 0
     while True:
         now = t * gap
@@ -63,6 +64,8 @@ def replay_pools(
         cooling = [t < cool_until[i] for i in range(k)]
         any_up = any(u and not c for u, c in zip(up, cooling, strict=True))
         if any_up != prev_any:
+            if prev_any is not None and age_since > 0:
+                last_run[prev_any] = now - age_since
             age_since, prev_any = now, any_up
         if t > 0 and not prev_any:
             down += gap
@@ -93,7 +96,18 @@ def replay_pools(
             )
         cooling = [t < cool_until[i] for i in range(k)]
         any_up = any(u and not c for u, c in zip(up, cooling, strict=True))
-        obs = Observation(now, done, cur, any_up, rro, preemptions, now - age_since, down)
+        obs = Observation(
+            now,
+            done,
+            cur,
+            any_up,
+            rro,
+            preemptions,
+            now - age_since,
+            down,
+            last_run[True],
+            last_run[False],
+        )
         req = policy.decide(job, obs).capacity
         if req is not cur:
             if req is SPOT:

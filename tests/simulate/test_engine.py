@@ -104,3 +104,26 @@ def test_trace_prices_are_billed_when_asked() -> None:
     assert flat.cost == pytest.approx(5 * 600 / HOUR * 0.9731)
     assert live.cost == pytest.approx(5 * 600 / HOUR * 1.0)
     assert live.ledger.segments[0].capacity is Capacity.SPOT
+
+
+def test_replay_reports_the_last_runs_seen_whole() -> None:
+    """The policy sees how long the last spot run and the last outage lasted, counting only
+    runs whose start it saw (the run a job starts in has an unknown age)."""
+    from airflow_spot.policy.base import Policy
+    from airflow_spot.policy.model import Decision
+
+    seen = []
+
+    class Record(Policy):
+        name = "test_record_runs"
+
+        def choose(self, job, obs):
+            seen.append((obs.spot_age_s, obs.last_up_s, obs.last_down_s))
+            return Decision(Capacity.NONE, "wait")
+
+    avail = np.array([1, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1] + [1] * 10, dtype=bool)
+    replay(Record(), Trace("t", 600.0, avail), JobSpec(1 * HOUR, 3.5 * HOUR, 0.0))
+    assert seen[2] == (1200.0, None, None)
+    assert seen[4] == (600.0, None, None)  # the first run (3 looks) was not seen from its start
+    assert seen[5] == (0.0, None, 1200.0)  # the outage of 2 looks was
+    assert seen[9] == (0.0, 600.0, 1800.0)
