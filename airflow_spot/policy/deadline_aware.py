@@ -56,7 +56,7 @@ PRIORS = (
 class Params:
     f: float = 0.4  # share of Uniform Progress's reserve kept as a floor while spot is down
     floor: float = 1.0  # changeovers added to the floor
-    settle: float = 1.5  # changeovers spot must have been up (less one look) to leave on-demand
+    settle: float = 0.0  # changeovers spot must have been up (less one look) to leave on-demand
     prior: str = "default"  # the availability model (``policy/priors/<name>.json``)
     miss_penalty: float = 10.0  # a missed deadline costs this many all-on-demand jobs
 

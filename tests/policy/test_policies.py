@@ -65,7 +65,9 @@ def test_unknown_policy_names_the_choices() -> None:
         ("deadline_aware", obs(30, 20.5, spot=False), OD),  # slack 2.5 h: under the floor 2.6 h
         ("deadline_aware", obs(30, 22, OD, spot=False), OD),  # never leave on-demand while down
         ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=3600), SPOT),  # settled: return
-        ("deadline_aware", obs(10, 9, OD, spot=True, spot_age_s=0), OD),  # let spot settle
+        # spot just back, slack 4 h: return after long runs, not in a streak of short ones
+        ("deadline_aware", obs(30, 22, OD, spot=True, last_up_s=7200, last_down_s=7200), SPOT),
+        ("deadline_aware", obs(30, 22, OD, spot=True, last_up_s=1200, last_down_s=600), OD),
         ("deadline_aware", obs(50, 40, SPOT, spot=True), SPOT),  # keep a running instance
         ("deadline_aware", obs(58, 46.2, spot=False), OD),  # 0.2 h of slack: no more waiting
     ],
