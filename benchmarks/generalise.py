@@ -6,7 +6,7 @@ Families (``common.py``): ``paper`` = the us-west-2a windows of *Can't Be Late* 
 ``us-west-2a``, fitted on the raw trace they were cut from), ``aws-p3`` and ``gcp-h100`` =
 300 random 92 h windows per zone at 600 s ticks. For each prior, every family it was not
 fitted on is scored over the 18 cells against Uniform Progress and the omniscient optimum.
-The floor share ``f`` and ``settle`` stay at the shipped values (fitted on aws-p3 + gcp-h100).
+The floor share ``f`` and ``settle`` stay at the shipped values (``fit_deadline_aware.py``).
 """
 
 from __future__ import annotations
