@@ -102,8 +102,15 @@ class Controller:
                 f"{st.infra_disruptions} attempts lost to infrastructure; giving up on this try"
             )
         live = st.live
-        if live is not None and live.capacity == "spot" and self._pool_down(live, now, spot):
-            # capacity is being reclaimed: the verdict arrives within notice + grace; wait for it
+        if (
+            live is not None
+            and live.capacity == "spot"
+            and live.launch_began_at is not None
+            and self._pool_down(live, now, spot)
+        ):
+            # capacity granted is being reclaimed: the verdict arrives within notice + grace;
+            # wait for it. (A request still waiting for capacity has no verdict coming: the
+            # policy decides, as for any look while spot is down.)
             return StepResult(False, wake_at=now + self.op.poll_interval)
         self._track_price(now)
         decision, job, obs = self._decide(now, spot)
