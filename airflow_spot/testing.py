@@ -4,6 +4,8 @@ scripted spot market. No mocks: these are small working implementations."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,3 +84,16 @@ THREE_PREEMPTIONS_THEN_OUTAGE: list[tuple[bool, int]] = [
     (False, 30),
     (True, 200),
 ]
+
+
+def modules_loaded(statement: str, after: str = "") -> set[str]:
+    """Modules a fresh interpreter loads to run ``statement`` (those that ``after``, run first,
+    loaded are left out): what an import or a DAG parse costs."""
+    code = (
+        f"import sys\n{after}\nbefore = set(sys.modules)\n{statement}\n"
+        "new = sorted(set(sys.modules) - before)\nimport json\nprint(json.dumps(new))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))

@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from airflow_spot.policy import priors
 from airflow_spot.policy.base import Policy, register
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
 from airflow_spot.policy.reserve import share_of_up_reserve
@@ -47,10 +47,7 @@ if TYPE_CHECKING:  # the model and the solver load on first use: DAG parsing nev
     from airflow_spot.policy.hazard import HazardModel
     from airflow_spot.policy.plan import Plan
 
-MAX_PLAN_STEPS = 600
-PRIORS = (
-    Path(__file__).resolve().parent / "priors"
-)  # the plan's intervals are at least deadline / 600 long
+MAX_PLAN_STEPS = 600  # the plan's intervals are at least deadline / 600 long
 
 
 @dataclass(frozen=True)
@@ -70,11 +67,7 @@ class DeadlineAware(Policy):
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params or Params()
-        names = sorted(p.stem for p in PRIORS.glob("*.json"))
-        if self.params.prior not in names:
-            raise ValueError(
-                f"unknown availability prior {self.params.prior!r}; choose one of {', '.join(names)}"
-            )
+        priors.path(self.params.prior)  # an unknown name fails here, naming the choices
         self._model: HazardModel | None = None
         self._last: tuple[JobSpec, HazardModel, Plan, HazardModel] | None = None
 

@@ -28,7 +28,6 @@ import bisect
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 # First age (in decision intervals) of each bucket.
 EDGES: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 9, 13, 19, 28, 42, 63, 95, 144)
@@ -71,6 +70,13 @@ class HazardModel:
         short_up = last_up_s is not None and last_up_s <= self.short_s + 1e-6
         short_down = last_down_s is not None and last_down_s <= self.short_s + 1e-6
         return 2 * short_up + short_down
+
+    def after_run(self, k: int, up: bool, short: bool) -> int:
+        """The context once a spot run (``up``) or an outage, short or not, ends in context ``k``."""
+        if not self.context:
+            return 0
+        short_up, short_down = divmod(k, 2)
+        return 2 * short + short_down if up else 2 * short_up + short
 
     def table(self, up: bool, k: int = 0) -> tuple[float, ...]:
         """Hazards per bucket of an up (or down) run in context ``k``."""
@@ -246,13 +252,8 @@ def fit(
     )
 
 
-PRIORS_DIR = Path(__file__).resolve().parent / "priors"
-
-
 def prior(name: str = "default") -> HazardModel:
     """A fitted prior shipped with the package (``priors/<name>.json``)."""
-    path = PRIORS_DIR / f"{name}.json"
-    if not path.is_file():
-        names = sorted(p.stem for p in PRIORS_DIR.glob("*.json"))
-        raise ValueError(f"unknown availability prior {name!r}; choose one of {', '.join(names)}")
-    return HazardModel.from_json(json.loads(path.read_text()))
+    from airflow_spot.policy import priors
+
+    return HazardModel.from_json(json.loads(priors.path(name).read_text()))

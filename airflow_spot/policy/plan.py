@@ -1,9 +1,10 @@
 """The plan: stochastic dynamic programming over slack, time left, capacity and spot's state.
 
 State at a decision point: whole decision intervals left ``tau``, slack ``s`` (time left
-minus work left, in units of a tenth of an interval, coarser for very large slack), the capacity held with the changeover
-still to pay on it, whether spot is up, the context (were the last spot run and the last
-outage short) and the bucket of the current run's age (:mod:`.hazard`). The work left is ``tau * interval - s``, so the deadline and the work need
+minus work left, in units of a tenth of an interval, coarser for very large slack), the
+capacity held with the changeover still to pay on it, whether spot is up, the context (were
+the last spot run and the last outage short) and the bucket of the current run's age
+(:mod:`.hazard`). The work left is ``tau * interval - s``, so the deadline and the work need
 not be stored: one plan serves every job with the same interval, changeover and prices.
 The tick rules are the simulator's (:mod:`airflow_spot.simulate.engine`): every interval is
 billed in full at the price of the capacity that ran in it, a launch loses the changeover,
@@ -17,7 +18,7 @@ slack included: is the cheap choice optimal? (Not a slack threshold per state: n
 deadline the best choice is not monotone in the slack, and thresholds cost 2 %.) A decision
 is then a table lookup.
 
-Solving takes one to four seconds (numpy, imported only here and only when a plan is solved);
+Solving takes 0.1 to 5 seconds (numpy, imported only here and only when a plan is solved);
 plans are cached per job shape and model.
 """
 
@@ -34,9 +35,8 @@ from pathlib import Path
 from airflow_spot.policy.hazard import HazardModel
 
 UNITS_PER_TICK = 10
-MAX_SLACK_UNITS = (
-    2048  # slack levels; a job with more slack than 204.8 intervals gets coarser units
-)
+# slack levels at most; a job with more slack than 204.8 intervals gets coarser units
+MAX_SLACK_UNITS = 2048
 
 
 @dataclass(frozen=True)
@@ -193,15 +193,13 @@ def _solve(
     flip_to = np.zeros((2, nbx), dtype=np.intp)
     adv = np.zeros(nbx)
     for k in range(model.contexts):
-        short_up, short_down = divmod(k, 2)
         for b in range(nb):
             x = k * nb + b
             h[0, x], h[1, x] = model.table(False, k)[b], model.table(True, k)[b]
             adv[x] = model.advance(b)
-            if model.contexts > 1:
-                short = (model.edges[b] + 1) * tick_s <= model.short_s + 1e-6
-                flip_to[0, x] = (2 * short_up + short) * nb
-                flip_to[1, x] = (2 * short + short_down) * nb
+            short = (model.edges[b] + 1) * tick_s <= model.short_s + 1e-6
+            flip_to[0, x] = model.after_run(k, False, short) * nb
+            flip_to[1, x] = model.after_run(k, True, short) * nb
 
     def nxt_rro(r: int) -> int:
         return rro.index(max(r - g, 0))

@@ -26,6 +26,47 @@ from airflow_spot.simulate.traces import Trace
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
 
 
+class SpotRuns:
+    """What a replay has seen of spot's runs: the current one's state and start, and the
+    length of the last spot run and outage seen whole (never the run the job starts in)."""
+
+    __slots__ = ("up", "since", "last")
+
+    def __init__(self) -> None:
+        self.up: bool | None = None
+        self.since = 0.0
+        self.last: dict[bool, float | None] = {True: None, False: None}
+
+    def see(self, now: float, up: bool) -> None:
+        if up != self.up:
+            if self.up is not None and self.since > 0:
+                self.last[self.up] = now - self.since
+            self.up, self.since = up, now
+
+    def observation(
+        self,
+        now: float,
+        done: float,
+        cur: Capacity,
+        up: bool,
+        rro: float,
+        preemptions: int,
+        down: float,
+    ) -> Observation:
+        return Observation(
+            now,
+            done,
+            cur,
+            up,
+            rro,
+            preemptions,
+            now - self.since,
+            down,
+            self.last[True],
+            self.last[False],
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """One policy on one trace for one job."""
@@ -82,17 +123,13 @@ def replay(
     seg = _SegmentBuilder(ledger)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     work_on = {SPOT: 0.0, OD: 0.0}
-    age_since, prev_has, down = 0.0, None, 0.0
-    last_run: dict[bool, float | None] = {True: None, False: None}  # runs seen whole
+    runs, down = SpotRuns(), 0.0
     t = 0
     met = False
     while True:
         now = t * gap
         has = avail[t] if t < n else False
-        if has != prev_has:
-            if prev_has is not None and age_since > 0:
-                last_run[prev_has] = now - age_since
-            age_since, prev_has = now, has
+        runs.see(now, has)
         if t > 0 and (t > n or not avail[t - 1]):
             down += gap
         last = cur
@@ -125,18 +162,7 @@ def replay(
         if now >= deadline:
             seg.close("deadline")
             break
-        obs = Observation(
-            now,
-            done,
-            cur,
-            has,
-            rro,
-            preemptions,
-            now - age_since,
-            down,
-            last_run[True],
-            last_run[False],
-        )
+        obs = runs.observation(now, done, cur, has, rro, preemptions, down)
         req = policy.decide(job, obs).capacity
         if req is not cur:
             if req is not NONE:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from airflow_spot.policy import Capacity, JobSpec, Observation, Policy
+from airflow_spot.policy import Capacity, JobSpec, Policy
 from airflow_spot.policy.base import EPS
+from airflow_spot.simulate.engine import SpotRuns
 from airflow_spot.simulate.traces import Trace
 
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
@@ -55,19 +56,15 @@ def replay_pools(
     cur, pool, rro, done, cost = NONE, None, 0.0, 0.0, 0.0
     preemptions, cool_until = 0, [-1] * k
     launches = {p.name: 0 for p in pools}
-    age_since, prev_any, down = 0.0, None, 0.0
-    last_run: dict[bool, float | None] = {True: None, False: None}  # runs seen whole
+    runs, down = SpotRuns(), 0.0
     t = 0
     while True:
         now = t * gap
         up = [avail[i][t] if t < n else False for i in range(k)]
         cooling = [t < cool_until[i] for i in range(k)]
         any_up = any(u and not c for u, c in zip(up, cooling, strict=True))
-        if any_up != prev_any:
-            if prev_any is not None and age_since > 0:
-                last_run[prev_any] = now - age_since
-            age_since, prev_any = now, any_up
-        if t > 0 and not prev_any:
+        runs.see(now, any_up)
+        if t > 0 and not runs.up:
             down += gap
         last = cur
         if last is not NONE:
@@ -96,18 +93,7 @@ def replay_pools(
             )
         cooling = [t < cool_until[i] for i in range(k)]
         any_up = any(u and not c for u, c in zip(up, cooling, strict=True))
-        obs = Observation(
-            now,
-            done,
-            cur,
-            any_up,
-            rro,
-            preemptions,
-            now - age_since,
-            down,
-            last_run[True],
-            last_run[False],
-        )
+        obs = runs.observation(now, done, cur, any_up, rro, preemptions, down)
         req = policy.decide(job, obs).capacity
         if req is not cur:
             if req is SPOT:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+
+from airflow_spot.testing import modules_loaded
 
 FORBIDDEN = ("airflow", "kubernetes", "kubernetes_asyncio", "boto3", "botocore", "numpy")
 
@@ -15,14 +14,8 @@ FORBIDDEN = ("airflow", "kubernetes", "kubernetes_asyncio", "boto3", "botocore",
 )
 def test_core_imports_no_airflow_kubernetes_boto3(module: str) -> None:
     """Importing a core module loads none of Airflow, Kubernetes, boto3 or numpy."""
-    code = (
-        f"import sys, {module}; "
-        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r}); print(','.join(bad))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert out == "", f"{module} pulled in {out}"
+    bad = sorted(m for m in modules_loaded(f"import {module}") if m.split(".")[0] in FORBIDDEN)
+    assert bad == [], f"{module} pulled in {bad}"
 
 
 def test_core_never_reads_the_clock() -> None:
@@ -42,12 +35,5 @@ def test_core_never_reads_the_clock() -> None:
 def test_policy_import_and_construction_leave_the_planner_unloaded() -> None:
     """Parsing a DAG imports the policies and builds one to validate its name; the
     availability model and the solver load only at the first decision."""
-    code = (
-        "import sys; from airflow_spot.policy import get_policy; get_policy('deadline_aware'); "
-        "print(','.join(m for m in ('airflow_spot.policy.plan', 'airflow_spot.policy.hazard', "
-        "'numpy') if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert out == ""
+    new = modules_loaded("from airflow_spot.policy import get_policy; get_policy('deadline_aware')")
+    assert new & {"airflow_spot.policy.plan", "airflow_spot.policy.hazard", "numpy"} == set()
