@@ -10,6 +10,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = [
     "policy_grid.py",
     "generalise.py",
+    "paper_gap.py",
     "crosscheck.py",
     "multi_zone.py",
     "import_cost.py",
