@@ -144,16 +144,18 @@ class JobState:
         return steps, secs
 
     def measured_changeover_s(self, seconds_per_step: float) -> float | None:
-        """Mean market seconds from capacity granted to the first step done, less one step."""
+        """Mean market seconds from capacity granted until training began: the first progress
+        seen, less the steps it reports since the attempt's start (one look, or on Kubernetes
+        one checkpoint, may hold many)."""
         vals = [
             max(
                 0.0,
                 self.market_s(a.first_step_at)
                 - self.market_s(a.launch_began_at or a.launched_at)
-                - seconds_per_step,
+                - max(1, a.first_step - a.step_start) * seconds_per_step,
             )
             for a in self.attempts
-            if a.first_step_at is not None
+            if a.first_step_at is not None and a.first_step is not None
         ]
         return sum(vals) / len(vals) if vals else None
 
@@ -168,9 +170,13 @@ class JobState:
         for a in self.attempts:
             cap = Capacity(a.capacity)
             t_launch = self.market_s(a.launched_at)
-            t_grant = self.market_s(a.launch_began_at) if a.launch_began_at else t_launch
             t_start = self.market_s(a.started_at) if a.started_at else None
             t_end = self.market_s(a.ended_at or now)
+            if a.launch_began_at:
+                t_grant = self.market_s(a.launch_began_at)
+            else:  # never granted (a request that waited for capacity) is not billed
+                t_grant = t_launch if t_start is not None else t_end
+            ended = a.outcome or ""
             p0 = a.step_start * seconds_per_step
             schedule = [(self.market_s(w), p) for w, p in a.prices] or [(t_launch, a.price)]
             if t_launch > cursor:
@@ -188,7 +194,6 @@ class JobState:
                     )
                 )
             launch_end = t_end if t_start is None else t_start
-            ended = a.outcome or ""
             if launch_end > t_grant:
                 for lo, hi, price in _pieces(t_grant, launch_end, schedule):
                     last = hi >= launch_end

@@ -43,6 +43,7 @@ class FakeTaskInstance:
     run_id: str = "run"
     map_index: int = -1
     try_number: int = 1
+    max_tries: int = 0  # Airflow's retries: tries left while try_number <= max_tries
 
 
 def make_context(store: FileTaskStateStore, **ti: Any) -> dict[str, Any]:

@@ -20,3 +20,55 @@ def test_spot_runs_seen_whole_are_remembered_across_a_save() -> None:
     assert st.spot_age_s(1060.0) == 480.0 and st.spot_down_s == 1200.0 + 0.0
     st.see_spot(None, 1070.0)  # unknown: nothing changes but the clock
     assert st.spot_last is False and st.spot_down_s == 1200.0 + 1080.0
+
+
+def test_a_spot_request_that_never_got_capacity_is_not_billed() -> None:
+    """A spot request that waited two hours for capacity and was then cancelled cost nothing:
+    the ledger shows the wait as idle, not as a paid changeover."""
+    from airflow_spot.jobstate import AttemptRecord
+    from airflow_spot.ledger import Phase
+    from airflow_spot.policy import Capacity
+
+    st = JobState(started_at=0.0, deadline_at=20 * 3600.0)
+    st.attempts.append(
+        AttemptRecord(1, "spot", {}, launched_at=3600.0, ended_at=3 * 3600.0, outcome="cancelled")
+    )
+    st.attempts.append(  # an on-demand attempt that got capacity and ran an hour
+        AttemptRecord(
+            2,
+            "on_demand",
+            {},
+            launched_at=3 * 3600.0,
+            launch_began_at=3 * 3600.0,
+            started_at=3 * 3600.0 + 600,
+            ended_at=4 * 3600.0 + 600,
+            outcome="succeeded",
+            step_end=3600,
+            price=3.0,
+        )
+    )
+    led = st.ledger(4 * 3600.0 + 600, 1.0, 3.0, 3600.0)
+    assert led.hours(Capacity.SPOT) == 0.0
+    assert led.hours(phase=Phase.IDLE) == 3.0  # before the request, and the whole wait
+    assert abs(led.cost - 3.0 * (1 + 1 / 6)) < 1e-9  # the on-demand changeover and run only
+
+
+def test_measured_changeover_discounts_every_step_the_first_look_saw() -> None:
+    """The first progress seen may report many steps (a look every few minutes, or on
+    Kubernetes the first checkpoint): the changeover is the time before the first of them."""
+    from airflow_spot.jobstate import AttemptRecord
+
+    st = JobState(started_at=0.0, deadline_at=20 * 3600.0)
+    st.attempts.append(
+        AttemptRecord(
+            1,
+            "spot",
+            {},
+            launched_at=0.0,
+            launch_began_at=0.0,
+            step_start=100,
+            first_step=150,  # seen 600 s after the grant, 50 steps of 9.6 s in
+            first_step_at=600.0,
+        )
+    )
+    assert abs(st.measured_changeover_s(9.6) - 120.0) < 1e-9

@@ -276,6 +276,14 @@ class Controller:
         rec.ckpt_step_end = latest.step if latest else 0
         if rec.step_end is None:
             rec.step_end = rec.step_start
+        total = self._total_steps(latest)
+        if (
+            rec.outcome == Outcome.SUCCEEDED.value
+            and status.evidence.get("notice_at") is not None
+            and (total is None or rec.ckpt_step_end < total)
+        ):  # saved and exited cleanly on the notice, as a good training script may: reclaimed
+            rec.outcome = Outcome.PREEMPTED.value
+            rec.reason = "exited 0 after the reclaim notice with work left: spot capacity reclaimed"
         st.current = None
         self.backend.cleanup(rec.handle, rec.outcome)
         outcome = rec.outcome
@@ -381,12 +389,10 @@ class Controller:
         if changeover is None:
             changeover = self.op.changeover.total_seconds() * scale
         live = st.live
-        if (
-            live is not None
-            and live.capacity == Capacity.ON_DEMAND.value
-            and live.step_end is not None
-        ):
-            done_steps = max(done_steps, live.step_end)  # on-demand progress is not taken back
+        if live is not None and live.started_at is not None and live.step_end is not None:
+            # the running attempt's latest progress report, as the simulator counts progress
+            # (spot's work since the last checkpoint is lost only if it is reclaimed)
+            done_steps = max(done_steps, live.step_end)
         work_s, done_s, now_m = total * sps, done_steps * sps, st.market_s(now)
         try:
             job = JobSpec(
@@ -408,13 +414,15 @@ class Controller:
             began = live.launch_began_at or now
             left = max(0.0, changeover - st.market_s(now) + st.market_s(began))
         remaining, time_left = work_s - done_s, st.deadline_s - now_m
-        need = remaining + (left if cap is Capacity.ON_DEMAND else changeover)
-        if remaining > 0 and need > time_left + job.tick_s:
+        # at best: a running instance (spot included) goes on; one still launching pays what
+        # is left of its changeover; with none, a launch pays a whole one
+        best = remaining + (changeover if live is None else left)
+        if remaining > 0 and best > time_left + job.tick_s:
             raise InfeasibleDeadline(
                 "deadline",
-                f"cannot be met any more: {_dur(remaining)} of work + changeover "
-                f"{_dur(need - remaining)} > {_dur(time_left)} left (measured {sps:.1f} s per step); "
-                "give more time or cut the work",
+                f"cannot be met any more: at best {_dur(best)} of work and changeover > "
+                f"{_dur(time_left)} left (measured {sps:.1f} s per step); give more time or cut "
+                "the work",
             )
         obs = Observation(
             now_m,
@@ -437,7 +445,7 @@ class Controller:
             if self.op.on_preemption_budget == "fail":
                 raise PreemptionBudgetExhausted(
                     f"{st.preemptions} preemptions exceed max_preemptions={self.op.max_preemptions} "
-                    "(on_preemption_budget='fail'); application failures so far: {st.failures}"
+                    f"(on_preemption_budget='fail'); application failures so far: {st.failures}"
                 )
             decision = Decision(
                 Capacity.ON_DEMAND, "budget_spent", (st.preemptions, self.op.max_preemptions)

@@ -231,7 +231,7 @@ class SpotTrainingOperator(BaseOperator):
         raw: Any = store.get(STATE_KEY)
         from airflow_spot.jobstate import JobState
 
-        if raw and not raw.get("finished"):
+        if raw and not raw.get("finished") and not raw.get("failed"):
             state = JobState.from_dict(raw)
             self.log.info(
                 "Resuming job state from try %s: %d attempts so far.",
@@ -239,6 +239,13 @@ class SpotTrainingOperator(BaseOperator):
                 len(state.attempts),
             )
         else:
+            if raw and raw.get("failed"):  # cleared after failing for good: a new job
+                self.log.info(
+                    "The previous try failed for good (%s: %s); starting afresh from the newest "
+                    "checkpoint with this task's current arguments.",
+                    raw["failed"].get("error"),
+                    raw["failed"].get("message"),
+                )
             state = self._new_state(time.time())
         return self._step(context, state, None)
 
@@ -288,11 +295,16 @@ class SpotTrainingOperator(BaseOperator):
         while True:
             try:
                 result = ctl.advance(event)
-            except BackendError:
-                context["task_state_store"].set(STATE_KEY, state.to_dict())
-                raise  # retried by Airflow; the next try re-attaches to a live attempt
             except Exception as e:
-                ctl.abandon()  # the task fails for good: stop what runs, keep the record
+                if not isinstance(e, (ConfigError, BudgetExhausted)) and _tries_left(context):
+                    # a passing error (backend, store, network): the attempt keeps running and
+                    # the next try re-attaches to it
+                    context["task_state_store"].set(STATE_KEY, state.to_dict())
+                    raise
+                try:  # the task fails for good: stop what runs, keep the record
+                    ctl.abandon()
+                except Exception as stop:  # noqa: BLE001 - the original error is the one to raise
+                    self.log.error("Could not stop the live attempt: %s", stop)
                 state.failed = {"error": type(e).__name__, "message": str(e)}
                 context["task_state_store"].set(STATE_KEY, state.to_dict())
                 raise
@@ -329,6 +341,12 @@ class SpotTrainingOperator(BaseOperator):
             wake_at=wake_at,
             poll_interval=self.poll_interval,
         )
+
+
+def _tries_left(context: Context) -> bool:
+    """Whether Airflow will run this task again after this try fails."""
+    ti = context["ti"]
+    return int(getattr(ti, "try_number", 1)) <= int(getattr(ti, "max_tries", 0) or 0)
 
 
 def default_retry_policy():

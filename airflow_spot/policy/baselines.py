@@ -50,7 +50,9 @@ class Greedy(Policy):
 
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
         if ticks_needed(job, obs, 2) >= ticks_left(job, obs):
-            return STAY_SPOT if obs.capacity is Capacity.SPOT else _safety_od(job, obs)
+            if obs.capacity is Capacity.SPOT and obs.spot_available is not False:
+                return STAY_SPOT
+            return _safety_od(job, obs)  # (a spot request still waiting while spot is down too)
         return SPOT_UP if obs.spot_available else _wait(job, obs)
 
 

@@ -182,3 +182,42 @@ def test_market_replay_and_next_change(tmp_path: Path) -> None:
     assert m.available_at(1005.0)
     assert m.next_change(1000.5) == pytest.approx(1003.0)
     assert m.available_at(1000.0 + 10 * 1.0)  # wraps around
+
+
+def test_a_leftover_attempt_is_stopped_and_set_aside(tmp_path: Path) -> None:
+    """A worker that died after starting attempt 1 but before recording it leaves it running;
+    the next try's launch of attempt 1 stops it and moves its folder aside, so at most one
+    attempt runs and the task is not stuck on a taken folder."""
+    b, market = _backend(tmp_path, [(True, 100)])
+    kw = {"checkpoint_uri": str(tmp_path / "c"), "changeover_wall_s": 0.1, "market": market}
+    orphan = b.launch(IDENT, 1, "on_demand", SLEEPER, **kw)
+    until = time.time() + 15
+    while b.status(orphan).state.value != "running" and time.time() < until:
+        time.sleep(0.05)
+    h = b.launch(IDENT, 1, "on_demand", SLEEPER, **kw)
+    try:
+        aside = [p for p in Path(orphan["run_dir"]).parent.iterdir() if ".leftover-" in p.name]
+        assert len(aside) == 1
+        assert b.status({"run_dir": str(aside[0])}).terminal  # stopped, not left running
+        assert h["run_dir"] == orphan["run_dir"] and not b.status(h).terminal
+    finally:
+        b.cancel(h)
+
+
+def test_exit_0_on_the_notice_says_the_notice_came(tmp_path: Path) -> None:
+    """A script that saves and exits 0 on SIGTERM: the verdict is 'exited 0' with the notice's
+    time as evidence, so the controller can count it as the preemption it was."""
+    b, market = _backend(tmp_path, [(True, 2), (False, 100)])
+    code = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True: time.sleep(0.01)"
+    h = b.launch(
+        IDENT,
+        1,
+        "spot",
+        [sys.executable, "-c", code],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.1,
+        market=market,
+    )
+    st = _wait(b, h)
+    assert st.outcome is Outcome.SUCCEEDED and st.exit_code == 0
+    assert st.evidence["notice_at"] > st.launched_at

@@ -48,6 +48,7 @@ def test_unknown_policy_names_the_choices() -> None:
         ("greedy", obs(1, 1), SPOT),
         ("greedy", obs(1, 1, spot=False), NONE),
         ("greedy", obs(11.9, 0.5, spot=False), OD),  # slack gone: on-demand for good
+        ("greedy", obs(11.9, 0.5, SPOT, spot=False), OD),  # so too a spot request still waiting
         ("uniform_progress", obs(10, 7.5, spot=False), OD),  # behind the line 8 h: catch up
         ("uniform_progress", obs(10, 8.5, spot=False), NONE),  # ahead of the line 8 h: wait
         ("uniform_progress", obs(10, 8.1, OD, spot=True), OD),  # hysteresis: not ahead at t + 2d

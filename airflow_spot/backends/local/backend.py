@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,7 +18,9 @@ from typing import Any
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
-from airflow_spot.exceptions import BackendError, ConfigError
+from airflow_spot.exceptions import ConfigError
+
+log = logging.getLogger("airflow_spot.local")
 
 DEFAULT_TRACE = "cant-be-late/us-west-2a_v100_1/3.json"
 STARTUP_GRACE_S = 15.0
@@ -142,9 +145,18 @@ class LocalBackend:
         )
         run_dir = self.root() / run_key / f"attempt-{attempt:03d}"
         if (run_dir / "spec.json").exists():
-            raise BackendError(
-                f"{run_dir} already holds an attempt; refusing to start a second one"
+            # started by a worker that died before recording it (or by a run since cleared):
+            # stop it and set its folder aside, as the Kubernetes backend deletes a leftover pod
+            status = self.cancel({"run_dir": str(run_dir)})
+            aside = run_dir.with_name(f"{run_dir.name}.leftover-{time.time_ns()}")
+            log.warning(
+                "%s already held an attempt (%s) that no task state records; stopped it and "
+                "moved it to %s. At most one attempt runs at a time.",
+                run_dir,
+                status.outcome.value if status.outcome else "no verdict",
+                aside.name,
             )
+            run_dir.rename(aside)
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = {
             "attempt": attempt,

@@ -189,7 +189,14 @@ class Supervisor:
             time.sleep(POLL_S)
 
     def _verdict(self, rc: int, notice_at: float | None) -> None:
-        if rc == 0:
+        if rc == 0 and notice_at is not None:  # the controller tells a finish from a reclaim
+            self.finish(
+                Outcome.SUCCEEDED,
+                "the training command exited 0 after the reclaim notice",
+                exit_code=0,
+                notice_at=notice_at,
+            )
+        elif rc == 0:
             self.finish(Outcome.SUCCEEDED, "the training command exited 0", exit_code=0)
         elif notice_at is not None:
             self.finish(

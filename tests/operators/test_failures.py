@@ -1,0 +1,154 @@
+"""How a try that fails ends: a passing error leaves the attempt running for the next try, a
+last try or a final error stops it, and a task cleared after failing for good starts afresh."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_spot.backends.local import LocalBackend
+from airflow_spot.backends.local.backend import read_status
+from airflow_spot.operators import SpotTrainingOperator
+from airflow_spot.operators.controller import Controller
+from airflow_spot.operators.spot_training import STATE_KEY
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+from airflow_spot.triggers.events import EventKind, SpotEvent
+
+TICK = SpotEvent(EventKind.TICK, time.time())
+SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
+
+
+def _op(tmp_path: Path, deadline: timedelta) -> SpotTrainingOperator:
+    trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
+    return SpotTrainingOperator(
+        task_id="train",
+        command=SLEEPER,
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        expected_compute=timedelta(seconds=20),
+        total_steps=400,
+        deadline=deadline,
+        changeover=timedelta(seconds=0.1),
+        policy="greedy",
+        backend=LocalBackend(
+            trace=str(trace), polarity="available", time_scale=1.0, work_dir=str(tmp_path / "runs")
+        ),
+        decision_interval=timedelta(seconds=5),
+        poll_interval=0.1,
+        deferrable=True,
+    )
+
+
+def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(tmp_path, timedelta(hours=1))
+    with pytest.raises(TaskDeferred):
+        op.execute(make_context(store, try_number=1, max_tries=1))
+    handle = store.get(STATE_KEY)["attempts"][0]["handle"]
+
+    def hiccup(self, event):
+        raise RuntimeError("the checkpoint store timed out")
+
+    monkeypatch.setattr(Controller, "advance", hiccup)
+    with pytest.raises(RuntimeError):  # try 1 of 2: Airflow will retry
+        op.resume(make_context(store, try_number=1, max_tries=1), TICK.to_payload())
+    assert not read_status(handle).terminal  # still training, for try 2 to re-attach
+    assert not store.get(STATE_KEY).get("failed")
+    with pytest.raises(RuntimeError):  # try 2 of 2: nothing comes after it
+        op.resume(make_context(store, try_number=2, max_tries=1), TICK.to_payload())
+    assert read_status(handle).terminal  # stopped: nothing runs unwatched
+    assert store.get(STATE_KEY)["failed"]["error"] == "RuntimeError"
+
+
+def test_a_task_cleared_after_failing_for_good_starts_afresh(tmp_path: Path) -> None:
+    """The deadline passed and the task failed; the user gives a later deadline and clears
+    it: the new try is a new job (the newest checkpoint still counts), not the failed one."""
+    store = FileTaskStateStore(tmp_path / "state.json")
+    now = time.time()
+    store.set(
+        STATE_KEY,
+        {
+            "started_at": now - 3600,
+            "deadline_at": now - 60,
+            "time_scale": 1.0,
+            "total_steps": 400,
+            "market": None,
+            "failed": {"error": "InfeasibleDeadline", "message": "deadline: cannot be met"},
+        },
+    )
+    op = _op(tmp_path, timedelta(hours=10))
+    try:
+        with pytest.raises(TaskDeferred):  # launched and waiting, not failed again
+            op.execute(make_context(store, try_number=2))
+        st = store.get(STATE_KEY)
+        assert not st.get("failed") and st["deadline_at"] > now + 9 * 3600
+        assert len(st["attempts"]) == 1
+    finally:
+        op._backend().cancel(store.get(STATE_KEY)["attempts"][0]["handle"])
+
+
+def test_a_running_attempt_ahead_of_its_checkpoint_is_not_declared_late(tmp_path: Path) -> None:
+    """300 of 400 one-second steps done on a running spot instance, the last checkpoint at
+    step 0, 120 s left: the deadline is still met if spot holds, so the controller lets the
+    policy keep spot instead of declaring the deadline infeasible and killing the run."""
+    from airflow_spot.jobstate import AttemptRecord, JobState
+    from airflow_spot.policy import Capacity
+
+    now = time.time()
+    t0 = now - 310
+    st = JobState(started_at=t0, deadline_at=now + 120, total_steps=400)
+    st.attempts.append(
+        AttemptRecord(
+            1,
+            "spot",
+            {"run_dir": str(tmp_path / "none")},
+            launched_at=t0,
+            launch_began_at=t0,
+            started_at=t0 + 0.5,
+            first_step=1,
+            first_step_at=t0 + 1.5,
+            step_end=300,
+            last_step_at=t0 + 300.5,
+        )
+    )
+    st.current = 0
+    ctl = Controller(
+        _op(tmp_path, timedelta(hours=1)), st, make_context(FileTaskStateStore(tmp_path / "s"))
+    )
+    decision, _, obs = ctl._decide(now, True)
+    assert decision.capacity is Capacity.SPOT
+    assert obs.done_s == pytest.approx(300.0)
+
+
+def test_exit_0_after_the_notice_with_work_left_is_a_preemption(tmp_path: Path) -> None:
+    """A training script that saves and exits 0 on SIGTERM while spot is reclaimed spends the
+    preemption budget, not the failure budget."""
+    from airflow_spot.backends.base import AttemptStatus, Outcome, State
+    from airflow_spot.jobstate import AttemptRecord, JobState
+
+    now = time.time()
+    st = JobState(started_at=now - 100, deadline_at=now + 3600, total_steps=400)
+    rec = AttemptRecord(1, "spot", {"run_dir": str(tmp_path / "none")}, launched_at=now - 100)
+    st.attempts.append(rec)
+    st.current = 0
+    ctl = Controller(
+        _op(tmp_path, timedelta(hours=1)), st, make_context(FileTaskStateStore(tmp_path / "s"))
+    )
+    status = AttemptStatus(
+        State.ENDED,
+        "spot",
+        1,
+        now - 100,
+        ended_at=now,
+        outcome=Outcome.SUCCEEDED,
+        exit_code=0,
+        evidence={"notice_at": now - 5},
+    )
+    ctl._close(rec, status, now)
+    assert rec.outcome == "preempted" and (st.preemptions, st.failures) == (1, 0)
