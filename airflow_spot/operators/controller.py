@@ -145,6 +145,10 @@ class Controller:
 
     def _cooling(self, now: float) -> set[str]:
         """Pools that lost the job's spot capacity less than their cool-down ago (kept out)."""
+        return set(self.cooling_until(now))
+
+    def cooling_until(self, now: float) -> dict[str, float]:
+        """The pools kept out now, each with the wall time its cool-down ends."""
         lost: tuple[str, ...] = ("preempted",)
         if self.pools:
             cool = self.pools.cooldown_wall_s
@@ -153,15 +157,14 @@ class Controller:
                 float(getattr(self.backend, "spot_cooldown_s", 0.0)),
                 ("preempted", "spot_unavailable"),
             )
-        return {
-            a.pool
-            for a in self.state.attempts
-            if a.capacity == "spot"
-            and a.pool
-            and a.outcome in lost
-            and a.ended_at
-            and now - a.ended_at < cool
-        }
+        out: dict[str, float] = {}
+        for a in self.state.attempts:
+            ended = a.ended_at
+            if a.capacity == "spot" and a.pool and a.outcome in lost and ended:
+                until = ended + cool
+                if now < until:
+                    out[a.pool] = max(out.get(a.pool, 0.0), until)
+        return out
 
     @property
     def kube_pools(self) -> dict[str, Any]:
@@ -233,7 +236,12 @@ class Controller:
             self.backend.to_dict() if getattr(self.backend, "name", "") == "kubernetes" else None
         )
         watch = Watch(
-            live.handle if live else None, self.state.market, self.state.spot_last, wake_at, backend
+            live.handle if live else None,
+            self.state.market,
+            self.state.spot_last,
+            wake_at,
+            backend,
+            self.cooling_until(time.time()),
         )
         while True:
             ev = watch.poll_once()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -233,6 +233,7 @@ class SpotTrainingOperator(BaseOperator):
 
         if raw and not raw.get("finished") and not raw.get("failed"):
             state = JobState.from_dict(raw)
+            state.infra_disruptions = 0  # a limit per try (past it the try gives up)
             self.log.info(
                 "Resuming job state from try %s: %d attempts so far.",
                 context["ti"].try_number,
@@ -314,13 +315,13 @@ class SpotTrainingOperator(BaseOperator):
             self._live_handle = state.live.handle if state.live else None
             if self.deferrable:
                 self.defer(
-                    trigger=self._trigger(state, result.wake_at),
+                    trigger=self._trigger(state, result.wake_at, ctl.cooling_until(time.time())),
                     method_name="resume",
                     timeout=timedelta(seconds=max(60.0, state.deadline_at - time.time() + 3600)),
                 )
             event = ctl.wait_here(result.wake_at)
 
-    def _trigger(self, state: JobState, wake_at: float):
+    def _trigger(self, state: JobState, wake_at: float, cooling: dict[str, float] | None = None):
         backend = self._backend()
         handle = state.live.handle if state.live else None
         if getattr(backend, "name", "") == "kubernetes":
@@ -340,6 +341,7 @@ class SpotTrainingOperator(BaseOperator):
             spot_was=state.spot_last,
             wake_at=wake_at,
             poll_interval=self.poll_interval,
+            cooling=cooling or None,
         )
 
 
@@ -384,9 +386,15 @@ def _parse_deadline(text: str) -> datetime | timedelta:
 
     try:
         dt = datetime.fromisoformat(text.strip())
-        return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
     except ValueError:
         pass
+    else:
+        if dt.tzinfo is None:  # as for a datetime given directly: never guess the zone
+            raise ConfigError(
+                "deadline",
+                f"{text.strip()!r} has no timezone; add one, e.g. '{text.strip()}+00:00'",
+            )
+        return dt
     try:
         return timedelta(hours=parse_hours(text, "deadline"))
     except ConfigError:

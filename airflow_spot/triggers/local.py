@@ -21,6 +21,7 @@ class LocalAttemptTrigger(SpotPollingTrigger):
         spot_was: bool | None,
         wake_at: float,
         poll_interval: float = 5.0,
+        cooling: dict[str, float] | None = None,
     ) -> None:
         super().__init__(
             poll_interval=poll_interval,
@@ -28,8 +29,9 @@ class LocalAttemptTrigger(SpotPollingTrigger):
             market=market,
             spot_was=spot_was,
             wake_at=wake_at,
+            cooling=cooling,
         )
-        self.watch = Watch(handle, market, spot_was, wake_at)
+        self.watch = Watch(handle, market, spot_was, wake_at, cooling=cooling)
 
     def poll(self) -> SpotEvent | None:
         return self.watch.poll_once()

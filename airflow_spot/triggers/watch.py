@@ -24,6 +24,9 @@ class Watch:
     spot_was: bool | None
     wake_at: float
     backend: dict[str, Any] | None = None  # a Kubernetes backend's settings; None = local
+    # pools kept out after losing the job's capacity, with the wall time their cool-down ends:
+    # the watcher sees spot as the controller does, or it would wake it for a pool it skips
+    cooling: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         self._market = Pools.load(self.market) if self.market else None
@@ -38,7 +41,10 @@ class Watch:
 
     def poll_once(self, now: float | None = None) -> SpotEvent | None:
         now = time.time() if now is None else now
-        spot = self._market.available_at(now) if self._market else None
+        spot = None
+        if self._market:
+            cool = {p for p, until in (self.cooling or {}).items() if now < until}
+            spot = self._market.available_at(now, cool)
         if self.handle is not None:
             st = self.status(self.handle)
             if st.terminal:

@@ -68,6 +68,9 @@ def test_templated_values_are_checked_when_the_task_starts() -> None:
         ConfigError, match="deadline: 2026-05-01T00:00:00\\+00:00 is already in the past"
     ):
         op._resolve_deadline(now)
+    op.deadline = "2026-07-01T00:00:00"  # no timezone: never guessed
+    with pytest.raises(ConfigError, match="deadline: '2026-07-01T00:00:00' has no timezone"):
+        op._resolve_deadline(now)
     op.deadline = "2h"
     with pytest.raises(
         ConfigError, match="deadline: 2.00 h from the start is shorter than the work"

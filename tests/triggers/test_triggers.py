@@ -14,6 +14,7 @@ from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
 from airflow_spot.triggers.local import KubernetesAttemptTrigger, LocalAttemptTrigger
 from airflow_spot.triggers.sensors import CheckpointTrigger, SpotPriceTrigger  # noqa: E402
+from airflow_spot.triggers.watch import Watch
 
 ALL_TRIGGERS = [LocalAttemptTrigger, KubernetesAttemptTrigger, SpotPriceTrigger, CheckpointTrigger]
 
@@ -213,3 +214,36 @@ def test_operator_handles_every_event_kind(kind: EventKind, tmp_path: Path) -> N
     assert d.value.method_name == "resume"
     with pytest.raises(ValueError):
         op.resume(ctx, event={"kind": "bogus", "at": 0})
+
+
+def test_a_pool_in_cool_down_does_not_wake_the_operator_until_it_ends(tmp_path: Path) -> None:
+    """Pool a is down; pool b has capacity but lost the job's spot instance and is cooling
+    down. The controller sees spot down, so must the watcher: no MARKET_CHANGED (it would
+    wake the operator again at once, every poll) until b's cool-down ends."""
+    now = time.time()
+
+    def spec(name: str, pattern) -> dict:
+        return {
+            "trace": str(scripted_trace(tmp_path / f"{name}.json", pattern)),
+            "polarity": "available",
+            "time_scale": 1.0,
+            "epoch": now,
+            "offset": 0,
+        }
+
+    market = {
+        "pools": [
+            {"name": "a", "spec": spec("a", [(False, 10)]), "price_from": None},
+            {"name": "b", "spec": spec("b", [(True, 10)]), "price_from": None},
+        ],
+        "cooldown_wall_s": 600.0,
+    }
+    watch = Watch(None, market, False, now + 60, cooling={"b": now + 0.3})
+    assert watch.poll_once(now) is None
+    ev = watch.poll_once(now + 0.4)
+    assert ev is not None and ev.kind is EventKind.MARKET_CHANGED and ev.spot_available is True
+    trig = LocalAttemptTrigger(
+        handle=None, market=market, spot_was=False, wake_at=now + 60, cooling={"b": now + 1}
+    )
+    path, kwargs = trig.serialize()
+    assert kwargs["cooling"] == {"b": now + 1}
