@@ -476,17 +476,34 @@ class Controller:
     def _act(self, decision: Decision, job: JobSpec) -> None:
         live = self.state.live
         want = decision.capacity
+        reason = f"stopped to switch to {want.value}: {decision.reason}"
         if live is not None and Capacity(live.capacity) is want:
-            return
+            if not self._stranded(live, time.time()):
+                return
+            reason = f"moved: pool {live.pool} has no spot capacity while another pool has"
         if live is not None:
             log.info("Switching away from %s: cancelling attempt %d.", live.capacity, live.attempt)
             status = self.backend.cancel(live.handle)
             self._sync(live, status)
             self._close(live, status, time.time())
-            live.reason = f"stopped to switch to {want.value}: {decision.reason}"
+            live.reason = reason
         if want is Capacity.NONE:
             return
         self._launch(want, job)
+
+    def _stranded(self, live: AttemptRecord, now: float) -> bool:
+        """A spot request still waiting for capacity in a pool that is down, while another
+        pool (not cooling down) has capacity: cheaper to move it than to wait."""
+        pools = self.pools
+        return bool(
+            pools is not None
+            and live.capacity == Capacity.SPOT.value
+            and live.launch_began_at is None
+            and live.started_at is None
+            and live.pool in pools.names
+            and not pools.market(live.pool).available_at(now)
+            and pools.available_at(now, self._cooling(now) | {live.pool})
+        )
 
     def _launch(self, capacity: Capacity, job: JobSpec) -> None:
         st = self.state

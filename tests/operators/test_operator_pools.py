@@ -4,6 +4,7 @@ preemption, and a ledger priced at the price that applied at each moment."""
 from __future__ import annotations
 
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -135,3 +136,45 @@ def test_live_price_through_an_airflow_connection(tmp_path: Path) -> None:
     live_price = attempts[0]["prices"][0][1]
     assert 0 < live_price < 1.0  # moto's constant spot price, not the trace's $1.00
     assert {s["price_per_h"] for s in summary["segments"] if s["pool"] == "live"} == {live_price}
+
+
+def test_a_spot_request_stranded_in_a_down_pool_moves_to_one_with_capacity(tmp_path: Path) -> None:
+    """A spot request waits for capacity in pool a, which is down, while pool b is up: the
+    next look moves it to b instead of waiting on a (both replayed, nothing cooling down)."""
+    from airflow_spot.operators.controller import Controller
+    from airflow_spot.policy import Capacity, Decision, JobSpec
+
+    a = scripted_trace(tmp_path / "a.json", [(False, 100)], prices=[(1.0, 100)])
+    b = scripted_trace(tmp_path / "b.json", [(True, 100)], prices=[(1.2, 100)])
+    op = SpotTrainingOperator(
+        task_id="train",
+        command=[sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"],
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        expected_compute=timedelta(seconds=20),
+        total_steps=400,
+        deadline=timedelta(hours=1),
+        changeover=timedelta(seconds=0.1),
+        policy="greedy",
+        backend=LocalBackend(
+            pools=(Pool("a", str(a), "available"), Pool("b", str(b), "available")),
+            time_scale=1.0,
+            work_dir=str(tmp_path / "runs"),
+        ),
+        deferrable=False,
+    )
+    state = op._new_state(time.time())
+    ctl = Controller(op, state, make_context(FileTaskStateStore(tmp_path / "s")))
+    job = JobSpec(400.0, 3600.0, 0.1, 1.0, 3.06)
+    ctl._choose_pool = lambda now, price: "a"  # as if a had capacity when it was chosen
+    ctl._launch(Capacity.SPOT, job)
+    del ctl._choose_pool
+    try:
+        ctl._act(Decision(Capacity.SPOT, "spot_up"), job)
+        first, second = state.attempts
+        assert (first.pool, first.outcome) == ("a", "cancelled") and "moved" in first.reason
+        assert second.pool == "b" and state.live is second
+        ctl._act(Decision(Capacity.SPOT, "spot_up"), job)  # b has capacity: stays
+        assert len(state.attempts) == 2
+    finally:
+        if state.live is not None:
+            ctl.backend.cancel(state.live.handle)
