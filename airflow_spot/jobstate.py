@@ -54,6 +54,7 @@ class JobState:
     preemptions: int = 0
     failures: int = 0
     infra_disruptions: int = 0
+    infra_base: int = 0  # infra_disruptions when this try began (the limit is per try)
     spot_last: bool | None = None
     spot_last_change: float | None = None
     spot_down_s: float = 0.0  # market seconds spot was seen down

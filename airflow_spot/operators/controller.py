@@ -97,9 +97,10 @@ class Controller:
                 f"{last.attempt if last else '?'} {last.reason if last else ''}. Preemptions so far: {st.preemptions} "
                 "(they never count here). Fix the training code or raise max_failures."
             )
-        if st.infra_disruptions > MAX_INFRA_DISRUPTIONS:
+        if st.infra_disruptions - st.infra_base > MAX_INFRA_DISRUPTIONS:
             raise BackendError(
-                f"{st.infra_disruptions} attempts lost to infrastructure; giving up on this try"
+                f"{st.infra_disruptions - st.infra_base} attempts lost to infrastructure in this "
+                "try; giving up on it"
             )
         live = st.live
         if (
@@ -114,10 +115,12 @@ class Controller:
             return StepResult(False, wake_at=now + self.op.poll_interval)
         self._track_price(now)
         decision, job, obs = self._decide(now, spot)
-        if decision.rule == "done":  # the newest checkpoint holds all the work
+        if decision.rule == "done":  # the progress reports say all the work is done
             done = self._complete(now)
             if done is not None:
                 return StepResult(True, summary=done)
+            # the newest valid checkpoint does not hold it yet: keep what runs, look again
+            return StepResult(False, wake_at=now + self.op.poll_interval)
         self._act(decision, job)
         self._snapshot(now, job, obs)
         return StepResult(False, wake_at=now + self.op.decision_interval.total_seconds())
@@ -287,7 +290,7 @@ class Controller:
         total = self._total_steps(latest)
         if (
             rec.outcome == Outcome.SUCCEEDED.value
-            and status.evidence.get("notice_at") is not None
+            and (status.evidence.get("notice_at") or status.evidence.get("notice")) is not None
             and (total is None or rec.ckpt_step_end < total)
         ):  # saved and exited cleanly on the notice, as a good training script may: reclaimed
             rec.outcome = Outcome.PREEMPTED.value
@@ -397,10 +400,11 @@ class Controller:
         if changeover is None:
             changeover = self.op.changeover.total_seconds() * scale
         live = st.live
+        reported = done_steps  # at best: the running attempt's latest progress report
         if live is not None and live.started_at is not None and live.step_end is not None:
-            # the running attempt's latest progress report, as the simulator counts progress
-            # (spot's work since the last checkpoint is lost only if it is reclaimed)
-            done_steps = max(done_steps, live.step_end)
+            reported = max(done_steps, live.step_end)
+            if live.capacity == Capacity.ON_DEMAND.value:
+                done_steps = reported  # on-demand progress is not taken back (spot's may be)
         work_s, done_s, now_m = total * sps, done_steps * sps, st.market_s(now)
         try:
             job = JobSpec(
@@ -424,7 +428,7 @@ class Controller:
         remaining, time_left = work_s - done_s, st.deadline_s - now_m
         # at best: a running instance (spot included) goes on; one still launching pays what
         # is left of its changeover; with none, a launch pays a whole one
-        best = remaining + (changeover if live is None else left)
+        best = work_s - reported * sps + (changeover if live is None else left)
         if remaining > 0 and best > time_left + job.tick_s:
             raise InfeasibleDeadline(
                 "deadline",

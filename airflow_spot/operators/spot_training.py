@@ -233,7 +233,7 @@ class SpotTrainingOperator(BaseOperator):
 
         if raw and not raw.get("finished") and not raw.get("failed"):
             state = JobState.from_dict(raw)
-            state.infra_disruptions = 0  # a limit per try (past it the try gives up)
+            state.infra_base = state.infra_disruptions  # the limit is per try
             self.log.info(
                 "Resuming job state from try %s: %d attempts so far.",
                 context["ti"].try_number,
@@ -241,14 +241,29 @@ class SpotTrainingOperator(BaseOperator):
             )
         else:
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
-                self.log.info(
-                    "The previous try failed for good (%s: %s); starting afresh from the newest "
-                    "checkpoint with this task's current arguments.",
-                    raw["failed"].get("error"),
-                    raw["failed"].get("message"),
-                )
+                self._retire(store, JobState.from_dict(raw))
             state = self._new_state(time.time())
         return self._step(context, state, None)
+
+    def _retire(self, store: Any, old: JobState) -> None:
+        """Before a new job replaces one that failed for good: stop any attempt it left
+        running (or fail this try) and keep its record under ``<key>.previous``."""
+        live = old.live
+        if live is not None:
+            status = self._backend().cancel(live.handle)
+            if not status.terminal:
+                raise BackendError(
+                    f"attempt {live.attempt} of the failed job still runs and could not be "
+                    "stopped; stop it by hand or retry"
+                )
+        store.set(f"{STATE_KEY}.previous", old.to_dict())
+        self.log.info(
+            "The previous job failed for good (%s: %s); its record is kept under %s.previous. "
+            "Starting afresh from the newest checkpoint with this task's current arguments.",
+            (old.failed or {}).get("error"),
+            (old.failed or {}).get("message"),
+            STATE_KEY,
+        )
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         from airflow_spot.jobstate import JobState
@@ -293,33 +308,38 @@ class SpotTrainingOperator(BaseOperator):
         from airflow_spot.operators.controller import Controller
 
         ctl = Controller(self, state, context)
+        store = context["task_state_store"]
         while True:
-            try:
+            try:  # (TaskDeferred is a BaseException: deferring passes through)
                 result = ctl.advance(event)
+                store.set(STATE_KEY, state.to_dict())
+                if result.done:
+                    return result.summary
+                self._live_handle = state.live.handle if state.live else None
+                if self.deferrable:
+                    self.defer(
+                        trigger=self._trigger(
+                            state, result.wake_at, ctl.cooling_until(time.time())
+                        ),
+                        method_name="resume",
+                        timeout=timedelta(
+                            seconds=max(60.0, state.deadline_at - time.time() + 3600)
+                        ),
+                    )
+                event = ctl.wait_here(result.wake_at)
             except Exception as e:
                 if not isinstance(e, (ConfigError, BudgetExhausted)) and _tries_left(context):
                     # a passing error (backend, store, network): the attempt keeps running and
                     # the next try re-attaches to it
-                    context["task_state_store"].set(STATE_KEY, state.to_dict())
+                    store.set(STATE_KEY, state.to_dict())
                     raise
                 try:  # the task fails for good: stop what runs, keep the record
                     ctl.abandon()
                 except Exception as stop:  # noqa: BLE001 - the original error is the one to raise
                     self.log.error("Could not stop the live attempt: %s", stop)
                 state.failed = {"error": type(e).__name__, "message": str(e)}
-                context["task_state_store"].set(STATE_KEY, state.to_dict())
+                store.set(STATE_KEY, state.to_dict())
                 raise
-            context["task_state_store"].set(STATE_KEY, state.to_dict())
-            if result.done:
-                return result.summary
-            self._live_handle = state.live.handle if state.live else None
-            if self.deferrable:
-                self.defer(
-                    trigger=self._trigger(state, result.wake_at, ctl.cooling_until(time.time())),
-                    method_name="resume",
-                    timeout=timedelta(seconds=max(60.0, state.deadline_at - time.time() + 3600)),
-                )
-            event = ctl.wait_here(result.wake_at)
 
     def _trigger(self, state: JobState, wake_at: float, cooling: dict[str, float] | None = None):
         backend = self._backend()
@@ -392,7 +412,7 @@ def _parse_deadline(text: str) -> datetime | timedelta:
         if dt.tzinfo is None:  # as for a datetime given directly: never guess the zone
             raise ConfigError(
                 "deadline",
-                f"{text.strip()!r} has no timezone; add one, e.g. '{text.strip()}+00:00'",
+                f"{text.strip()!r} has no timezone; add one, e.g. '{dt.isoformat()}+00:00'",
             )
         return dt
     try:

@@ -18,7 +18,7 @@ from typing import Any
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
-from airflow_spot.exceptions import ConfigError
+from airflow_spot.exceptions import BackendError, ConfigError
 
 log = logging.getLogger("airflow_spot.local")
 
@@ -148,6 +148,8 @@ class LocalBackend:
             # started by a worker that died before recording it (or by a run since cleared):
             # stop it and set its folder aside, as the Kubernetes backend deletes a leftover pod
             status = self.cancel({"run_dir": str(run_dir)})
+            if not status.terminal:  # its supervisor still writes there: do not reuse the name
+                raise BackendError(f"{run_dir} holds an attempt that could not be stopped yet")
             aside = run_dir.with_name(f"{run_dir.name}.leftover-{time.time_ns()}")
             log.warning(
                 "%s already held an attempt (%s) that no task state records; stopped it and "
