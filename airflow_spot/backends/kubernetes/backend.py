@@ -237,7 +237,8 @@ class KubernetesBackend:
             "attempt": attempt,
             "launched_at": time.time(),
             "node": None,
-            "was_spot": capacity == "spot" or None,
+            "was_spot": capacity
+            == "spot",  # an on-demand pod that cannot schedule is not "spot unavailable"
             "was_running": False,
             "notice_sent": False,
             "pending_since": time.time(),

@@ -266,3 +266,12 @@ def test_node_pools_cheapest_with_capacity(kube, tmp_path: Path) -> None:
     assert (attempts[-1]["pool"], attempts[-1]["outcome"]) == ("zone-b", "succeeded")
     assert {s["price_per_h"] for s in summary["segments"] if s["pool"] == "zone-b"} == {1.2}
     assert KubernetesBackend.from_dict(op.backend.to_dict()) == op.backend
+
+
+def test_an_on_demand_pod_is_recorded_as_not_spot(kube) -> None:
+    """An on-demand pod that cannot be scheduled is a capacity/quota problem, not 'spot
+    unavailable' (which the controller would treat like a preemption)."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg)
+    assert b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c")["was_spot"] is False
+    assert b.launch(IDENT, 2, "spot", ["x"], checkpoint_uri="/c")["was_spot"] is True
