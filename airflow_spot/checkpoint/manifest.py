@@ -75,6 +75,7 @@ class Checkpoints:
             raise CheckpointError(f"keep must be >= 1, got {keep}")
         self.store = store
         self.keep = keep
+        self._verified: set[str] = set()  # names saved or verified by this instance
 
     def save(
         self,
@@ -97,7 +98,8 @@ class Checkpoints:
             entries[name] = FileEntry(hashlib.sha256(data).hexdigest(), len(data))
         manifest = Manifest(step, total_steps, now, entries, dict(metrics or {}), dict(extra or {}))
         self.store.put(f"{base}/{MANIFEST}", manifest.to_json())
-        self._retain()
+        self._verified.add(base)
+        self._retain(base)
         return manifest
 
     def manifests(self) -> list[str]:
@@ -118,6 +120,7 @@ class Checkpoints:
             data = self.store.get(f"{name}/{fname}")
             if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
                 raise CheckpointError(f"{name}/{fname}: size or sha256 differs from the manifest")
+        self._verified.add(name)
         return m
 
     def latest_valid(self) -> Manifest | None:
@@ -148,15 +151,35 @@ class Checkpoints:
             out[fname] = data
         return out
 
-    def _retain(self) -> None:
-        for name in self.manifests()[self.keep :]:
+    def _is_valid(self, name: str) -> bool:
+        if name in self._verified:
+            return True
+        try:
+            self.verify(name)
+        except CheckpointError as e:
+            log.warning("Deleting checkpoint %s: %s.", name, e)
+            return False
+        return True
+
+    def _retain(self, saved: str) -> None:
+        """Keep the newest ``keep`` *valid* checkpoints, always including ``saved``.
+
+        Validity, not step, decides: after resuming from an older checkpoint because a newer
+        one was corrupt, the corrupt one must neither count toward ``keep`` (it would push out
+        every good one) nor stay (``latest_manifest()`` would report its step as progress).
+        Each checkpoint is hashed at most once per instance.
+        """
+        kept: list[str] = []
+        for name in self.manifests():  # newest first
+            if name == saved or (len(kept) < self.keep and self._is_valid(name)):
+                kept.append(name)
+                continue
+            self._verified.discard(name)
             self.store.delete(f"{name}/{MANIFEST}")  # invisible first, then its data
             for key in self.store.list(name + "/"):
                 self.store.delete(key)
         # data left behind by saves that never wrote their manifest, older than the oldest kept
-        kept = self.manifests()
-        if kept:
-            oldest = kept[-1]
-            for key in self.store.list("ckpt-"):
-                if key.split("/")[0] < oldest:
-                    self.store.delete(key)
+        oldest = min(kept)
+        for key in self.store.list("ckpt-"):
+            if key.split("/")[0] < oldest:
+                self.store.delete(key)

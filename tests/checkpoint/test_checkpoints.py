@@ -76,6 +76,36 @@ def test_retention_keeps_the_last_k(tmp_path: Path) -> None:
     ]
 
 
+def test_retention_counts_only_valid_checkpoints(tmp_path: Path) -> None:
+    """Resuming from an older checkpoint because the newest is corrupt, then saving: the corrupt
+    one neither counts toward ``keep`` nor stays (it would shadow progress)."""
+    c = _ckpts(tmp_path, keep=2)
+    c.save(900, {"w": b"900"}, now=1)
+    c.save(1000, {"w": b"1000"}, now=2)
+    (tmp_path / "c" / "ckpt-000000001000" / "w").write_bytes(b"bad!")
+    c.store.put("ckpt-000000000500/w", b"old")  # a save cut short before its manifest
+    resumed = _ckpts(tmp_path, keep=2)  # a new attempt
+    assert resumed.latest_valid().step == 900
+    resumed.save(910, {"w": b"910"}, now=3)
+    assert resumed.manifests() == ["ckpt-000000000910", "ckpt-000000000900"]
+    assert resumed.latest_manifest().step == 910
+    resumed.save(920, {"w": b"920"}, now=4)
+    assert resumed.manifests() == ["ckpt-000000000920", "ckpt-000000000910"]
+    assert resumed.load(resumed.latest_valid()) == {"w": b"920"}
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        "ckpt-000000000910",
+        "ckpt-000000000920",
+    ]
+
+
+def test_retention_never_deletes_the_checkpoint_just_saved(tmp_path: Path) -> None:
+    """A valid checkpoint above the one just saved is kept, and so is the new one."""
+    c = _ckpts(tmp_path, keep=1)
+    c.save(1000, {"w": b"1000"}, now=1)
+    c.save(910, {"w": b"910"}, now=2)
+    assert c.manifests() == ["ckpt-000000001000", "ckpt-000000000910"]
+
+
 @pytest.mark.parametrize(
     "name", ["../escape", "/etc/passwd", "a/../../b", "", "a//b", "weird name"]
 )
