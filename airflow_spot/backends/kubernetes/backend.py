@@ -21,8 +21,10 @@ from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
 from airflow_spot.backends.kubernetes.classify import (
+    Classification,
     Verdict,
     classify,
+    container_start_error,
     interruption_notice,
     node_is_spot,
 )
@@ -273,16 +275,35 @@ class KubernetesBackend:
             self._relay_notice(handle["pod"], notice)
             handle["notice_sent"] = True
         pending_for = time.time() - handle["pending_since"] if handle.get("pending_since") else 0.0
-        verdict = classify(
-            pod,
-            node,
-            events,
-            was_spot=handle.get("was_spot"),
-            was_running=bool(handle.get("was_running")),
-            pending_for_s=pending_for,
-            pending_timeout_s=self.pending_timeout_s,
-            notice=handle.get("notice"),
+        if phase == "Pending" and container_start_error(pod):
+            handle.setdefault("start_error_since", time.time())
+        else:
+            handle.pop("start_error_since", None)
+        start_error_for = (
+            time.time() - handle["start_error_since"] if "start_error_since" in handle else 0.0
         )
+        gave_up = handle.get("gave_up")  # we deleted it: the 404 now is ours, not a reclaim
+        verdict = (
+            Classification(Verdict(gave_up[0]), gave_up[1], tuple(gave_up[2]))
+            if pod is None and gave_up
+            else classify(
+                pod,
+                node,
+                events,
+                was_spot=handle.get("was_spot"),
+                was_running=bool(handle.get("was_running")),
+                pending_for_s=pending_for,
+                pending_timeout_s=self.pending_timeout_s,
+                notice=handle.get("notice"),
+                start_error_for_s=start_error_for,
+            )
+        )
+        if verdict.terminal and phase == "Pending":
+            # it never ran but still holds (or waits for) a node: with delete_pods="never" it
+            # would start later and train beside the next attempt
+            log.warning("Pod %s: %s; deleting it.", handle["pod"], verdict.reason)
+            self._delete(handle["pod"], grace=0)
+            handle["gave_up"] = [verdict.verdict.value, verdict.reason, list(verdict.evidence)]
         if verdict.default_used:
             log.warning(
                 "Pod %s: no known signal (%s); treating it as an infrastructure disruption.",

@@ -79,6 +79,29 @@ SPOT_TAINTS = {
     "aws-node-termination-handler/spot-itn",
     "cloud.google.com/impending-node-termination",
 }
+# A container that cannot start: these keep a scheduled pod Pending for ever. The image or its
+# config is wrong (or the registry is down): fail the attempt after a bound, at once if the
+# name itself is invalid.
+CONTAINER_START_ERRORS = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
+CONTAINER_START_FATAL = {"InvalidImageName", "ErrImageNeverPull"}
+# Exit codes of a container stopped by a signal (SIGINT, SIGKILL, SIGTERM): after a relayed
+# reclaim notice these are the checkpoint helper exiting or the eviction, not the user's code.
+SIGNAL_EXITS = {130, 137, 143}
+# Recorded notices that are the cloud's own word that the capacity is being reclaimed
+# (``karpenter.sh/disrupted`` alone is not: Karpenter's consolidation sets it too).
+CLOUD_NOTICES = (
+    "node taint aws-node",
+    "node taint cloud.google",
+    "event Spot",
+    "event Instance",
+    "scheduled event",
+)
 DRAIN_TAINTS = {
     "karpenter.sh/disrupted",
     "node.kubernetes.io/out-of-service",
@@ -148,6 +171,17 @@ def interruption_notice(node: Any, events: Iterable[Any] = ()) -> str | None:
     return None
 
 
+def container_start_error(pod: Any) -> tuple[str, str] | None:
+    """(reason, message) of a container waiting on an error that keeps it from starting."""
+    status = _g(_d(pod), "status") or {}
+    for cs in _g(status, "container_statuses", "containerStatuses") or []:
+        w = _g(_g(cs, "state") or {}, "waiting")
+        reason = _g(w, "reason") or ""
+        if reason in CONTAINER_START_ERRORS or reason in CONTAINER_START_FATAL:
+            return reason, str(_g(w, "message") or "")
+    return None
+
+
 def _cloud_evidence(node: Mapping[str, Any], events: list[dict[str, Any]]) -> list[str]:
     out = []
     for t in _g(_g(node, "spec") or {}, "taints") or []:
@@ -172,6 +206,7 @@ def classify(
     pending_for_s: float = 0.0,
     pending_timeout_s: float = 600.0,
     notice: str | None = None,
+    start_error_for_s: float = 0.0,
 ) -> Classification:
     """Classify a training pod.
 
@@ -182,15 +217,15 @@ def classify(
     :param was_running: the pod was seen running before.
     :param pending_for_s: how long the pod has been pending unschedulable.
     :param notice: an interruption warning recorded earlier (its node may be gone now).
+    :param start_error_for_s: how long a container has been unable to start (image pull or
+        container config error); past ``pending_timeout_s`` the attempt fails.
     """
     p, n = _d(pod), _d(node)
     evs = [_d(e) for e in events]
     spot = node_is_spot(n) if n else None
     spot = was_spot if spot is None else spot
     cloud = _cloud_evidence(n, evs) if (n or evs) else []
-    if notice and notice.startswith(
-        ("node taint aws-node", "node taint cloud.google", "event Spot", "scheduled event")
-    ):
+    if notice and notice.startswith(CLOUD_NOTICES):
         cloud.append(f"recorded notice: {notice}")
 
     def reclaimed(why: str, *evidence: str) -> Classification:
@@ -259,6 +294,14 @@ def classify(
         s_reason in SHUTDOWN_REASONS or any(m in s_msg for m in SHUTDOWN_MESSAGES)
     ):
         return reclaimed("graceful node shutdown (kubelet status)", f"status.reason={s_reason}")
+    if phase == "Failed" and s_reason == "Evicted":  # node pressure on K8s < 1.26 (no condition)
+        if cloud:
+            return reclaimed("evicted while the node was being reclaimed", "status.reason=Evicted")
+        return Classification(
+            Verdict.INFRA_DISRUPTION,
+            f"evicted by the kubelet: {s_msg or 'node pressure'}",
+            ("status.reason=Evicted",),
+        )
 
     node_gone = was_running and not n and node is None and phase == "Running" and was_spot
     node_lost_events = [
@@ -287,6 +330,10 @@ def classify(
     if phase == "Failed":
         codes = [_g(t, "exit_code", "exitCode") for t in terminated]
         bad = [c for c in codes if c not in (None, 0)]
+        if bad and notice and all(c in SIGNAL_EXITS for c in bad):
+            return reclaimed(
+                f"stopped (exit {bad[0]}) after the reclaim notice", f"exit {bad[0]}", notice
+            )
         if bad and not cloud and not node_not_ready:
             return Classification(
                 Verdict.APP_FAILURE,
@@ -304,6 +351,18 @@ def classify(
             default_used=True,
         )
     if phase == "Pending":
+        start_error = container_start_error(p)
+        if start_error and (
+            start_error[0] in CONTAINER_START_FATAL or start_error_for_s >= pending_timeout_s
+        ):
+            reason, msg = start_error
+            return Classification(
+                Verdict.APP_FAILURE,
+                f"the container cannot start ({reason}"
+                + (f" for {start_error_for_s:.0f} s" if start_error_for_s else "")
+                + f"): {msg or 'check the image name, its registry credentials and the pod config'}",
+                (f"waiting/{reason}",),
+            )
         sched = conds.get("PodScheduled")
         unschedulable = (
             sched is not None

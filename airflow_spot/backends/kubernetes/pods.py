@@ -22,11 +22,19 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "airflow-spot"}
 
 
 def label_value(text: str) -> str:
-    """A valid label value (<= 63 chars, alphanumerics, '-', '_', '.'); long values keep a hash."""
-    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", str(text)).strip("_.-") or "x"
-    if len(clean) <= 63:
+    """A valid label value (<= 63 chars, alphanumerics, '-', '_', '.', alphanumeric at both ends).
+
+    A value that had to be changed keeps a hash of the original, so two run ids that differ
+    only in characters a label cannot hold ('manual__...T00:00:00+00:00' and '..._00_00')
+    never share a label: the leftover-pod cleanup selects by these labels.
+    """
+    text = str(text)
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("_.-")
+    if clean == text and len(clean) <= 63:
         return clean
-    return clean[:52].rstrip("_.-") + "-" + hashlib.sha1(text.encode()).hexdigest()[:10]
+    return (clean[:52].rstrip("_.-") + "-" + hashlib.sha1(text.encode()).hexdigest()[:10]).lstrip(
+        "-"
+    )
 
 
 def task_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
@@ -43,7 +51,7 @@ def task_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[
 def pod_name(dag_id: str, task_id: str, attempt: int, run_id: str) -> str:
     digest = hashlib.sha1(f"{dag_id}/{task_id}/{run_id}".encode()).hexdigest()[:8]
     base = re.sub(r"[^a-z0-9-]", "-", f"{dag_id}-{task_id}".lower()).strip("-")[:40].strip("-")
-    return f"{base}-{digest}-a{attempt}"
+    return f"{base or 'spot'}-{digest}-a{attempt}"  # a DNS-1123 name starts with [a-z0-9]
 
 
 def build_pod(

@@ -65,7 +65,7 @@ def test_spot_pod_shape(kube, preset, selector, toleration) -> None:
         and labels["airflow-spot/task-id"] == "train"
     )
     assert labels["airflow-spot/attempt"] == "1" and labels["airflow-spot/try-number"] == "2"
-    assert labels["airflow-spot/run-id"] == "manual__2026-01-01T00_00_00_00_00"
+    assert labels["airflow-spot/run-id"] == "manual__2026-01-01T00_00_00_00_00-33e279c4f8"
     assert pod.metadata.annotations == {"airflow-spot/preemption-notice": ""}
     c = pod.spec.containers[0]
     assert c.resources.limits == {"nvidia.com/gpu": "2"}
@@ -275,3 +275,63 @@ def test_an_on_demand_pod_is_recorded_as_not_spot(kube) -> None:
     b = KubernetesBackend(image="img", config_file=cfg)
     assert b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c")["was_spot"] is False
     assert b.launch(IDENT, 2, "spot", ["x"], checkpoint_uri="/c")["was_spot"] is True
+
+
+def _pod_names(b: KubernetesBackend) -> list[str]:
+    return [p.metadata.name for p in b.api.list_namespaced_pod("default").items]
+
+
+def test_a_container_that_cannot_start_fails_the_attempt_and_its_pod_goes(kube) -> None:
+    """ImagePullBackOff keeps a scheduled pod Pending for ever: after the pending bound the
+    attempt is an application failure naming the reason, and the pod (which holds a node) is
+    deleted even with delete_pods='never'."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg, pending_timeout_s=0.5, delete_pods="never")
+    h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    waiting = {
+        "name": "train",
+        "image": "registry.example/missing:1",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
+    }
+    b.api.patch_namespaced_pod_status(
+        h["pod"], "default", {"status": {"phase": "Pending", "containerStatuses": [waiting]}}
+    )
+    assert b.status(h).state.value == "waiting"  # a pull can be slow or retried: not yet
+    time.sleep(0.6)
+    st = b.status(h)
+    assert (st.state.value, st.outcome.value) == ("ended", "app_failure")
+    assert "ImagePullBackOff" in st.reason and "Back-off pulling image" in st.reason
+    assert _pod_names(b) == []
+
+
+def test_a_spot_pod_given_up_as_unschedulable_is_deleted(kube) -> None:
+    """'Spot unavailable' ends the attempt; the pending pod must not start later beside the
+    next attempt, whatever delete_pods says."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg, pending_timeout_s=0.2, delete_pods="never")
+    h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    b.api.patch_namespaced_pod_status(
+        h["pod"], "default", {"status": {"phase": "Pending", "conditions": [unschedulable]}}
+    )
+    time.sleep(0.3)
+    st = b.status(h)
+    assert st.outcome.value == "spot_unavailable"
+    assert _pod_names(b) == []
+
+
+def test_labels_and_names_stay_valid_and_distinct() -> None:
+    """Run ids that differ only in characters a label cannot hold get different labels (the
+    leftover cleanup selects by them); ids made only of '_' or '.' still give a valid name."""
+    from airflow_spot.backends.kubernetes.pods import label_value, pod_name
+
+    a, b = "manual__2026-01-01T00:00:00+00:00", "manual__2026-01-01T00_00_00_00_00"
+    assert label_value(a) != label_value(b) and label_value(b) == b
+    for text in (a, "x" * 80, "___", ":x:"):
+        v = label_value(text)
+        assert len(v) <= 63 and v[0].isalnum() and v[-1].isalnum(), v
+    name = pod_name("__", "..", 1, "r")
+    assert name[0].isalnum() and len(name) <= 63, name

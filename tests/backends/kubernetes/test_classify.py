@@ -16,6 +16,7 @@ import pytest
 from kubernetes.client import (
     V1ContainerState,
     V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
     V1ContainerStatus,
     V1Node,
     V1NodeCondition,
@@ -37,9 +38,28 @@ from airflow_spot.backends.kubernetes.classify import (
 
 
 def pod(
-    phase="Running", reason=None, message=None, conditions=(), exit_code=None, term_reason=None
+    phase="Running",
+    reason=None,
+    message=None,
+    conditions=(),
+    exit_code=None,
+    term_reason=None,
+    waiting=None,
 ) -> V1Pod:
     statuses = None
+    if waiting is not None:
+        statuses = [
+            V1ContainerStatus(
+                name="train",
+                image="img",
+                image_id="",
+                ready=False,
+                restart_count=0,
+                state=V1ContainerState(
+                    waiting=V1ContainerStateWaiting(reason=waiting, message=f"{waiting}: img")
+                ),
+            )
+        ]
     if exit_code is not None:
         statuses = [
             V1ContainerStatus(
@@ -231,6 +251,96 @@ CASES = [
         {},
         Verdict.INFRA_DISRUPTION,
         "K8",
+    ),
+    (
+        "node-pressure-eviction-without-condition-k8s-pre-1.26",
+        pod("Failed", "Evicted", "The node was low on resource: memory.", exit_code=137),
+        node(EKS_SPOT),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "K8",
+    ),
+    (
+        "karpenter-disrupted-notice-relayed-helper-exits-143-on-spot",
+        pod("Failed", exit_code=143, term_reason="Error"),
+        node(KARPENTER_SPOT, [V1Taint(key="karpenter.sh/disrupted", effect="NoSchedule")]),
+        [],
+        {"notice": "node taint karpenter.sh/disrupted"},
+        Verdict.PREEMPTED,
+        "KP1",
+    ),
+    (
+        "karpenter-instance-terminating-notice-node-gone",
+        pod("Failed", exit_code=143, term_reason="Error"),
+        None,
+        [],
+        {"notice": "event InstanceTerminating", "was_spot": True},
+        Verdict.PREEMPTED,
+        "KP2",
+    ),
+    (
+        "consolidation-notice-on-demand-exit-143",
+        pod("Failed", exit_code=143, term_reason="Error"),
+        node(ON_DEMAND, [V1Taint(key="karpenter.sh/disrupted", effect="NoSchedule")]),
+        [],
+        {"notice": "node taint karpenter.sh/disrupted"},
+        Verdict.INFRA_DISRUPTION,
+        "KP1",
+    ),
+    (
+        "exit-1-after-notice-is-still-the-application",
+        pod("Failed", exit_code=1, term_reason="Error"),
+        node(KARPENTER_SPOT, [V1Taint(key="karpenter.sh/disrupted", effect="NoSchedule")]),
+        [],
+        {"notice": "node taint karpenter.sh/disrupted"},
+        Verdict.APP_FAILURE,
+        "KF1",
+    ),
+    (
+        "image-pull-backoff-briefly",
+        pod("Pending", waiting="ImagePullBackOff"),
+        node(EKS_SPOT),
+        [],
+        {"start_error_for_s": 30},
+        Verdict.PENDING,
+        "-",
+    ),
+    (
+        "image-pull-backoff-past-the-bound",
+        pod("Pending", waiting="ImagePullBackOff"),
+        node(EKS_SPOT),
+        [],
+        {"start_error_for_s": 900},
+        Verdict.APP_FAILURE,
+        "-",
+    ),
+    (
+        "create-container-config-error-past-the-bound",
+        pod("Pending", waiting="CreateContainerConfigError"),
+        node(EKS_SPOT),
+        [],
+        {"start_error_for_s": 900},
+        Verdict.APP_FAILURE,
+        "-",
+    ),
+    (
+        "invalid-image-name-at-once",
+        pod("Pending", waiting="InvalidImageName"),
+        node(EKS_SPOT),
+        [],
+        {},
+        Verdict.APP_FAILURE,
+        "-",
+    ),
+    (
+        "container-creating-is-pending",
+        pod("Pending", waiting="ContainerCreating"),
+        node(EKS_SPOT),
+        [],
+        {"start_error_for_s": 900},
+        Verdict.PENDING,
+        "-",
     ),
     (
         "pod-vanished-404-after-running-on-spot",
