@@ -43,18 +43,23 @@ IDENT = {"dag_id": "dag", "task_id": "train", "run_id": "run", "map_index": -1, 
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
 
 
+def _launch(b: LocalBackend, market, tmp_path: Path, capacity: str, code: str) -> dict:
+    """Attempt 1 of ``python -c code`` on ``capacity`` (changeover 0.1 s on spot, none on demand)."""
+    return b.launch(
+        IDENT,
+        1,
+        capacity,
+        [sys.executable, "-c", code],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.1 if capacity == "spot" else 0.0,
+        market=market,
+    )
+
+
 def test_spot_launch_waits_for_capacity_then_runs(tmp_path: Path) -> None:
     """A spot launch while spot is down waits (state waiting), then starts when spot returns."""
     b, market = _backend(tmp_path, [(False, 2), (True, 100)])  # down for 2 s at 600x
-    h = b.launch(
-        IDENT,
-        1,
-        "spot",
-        [sys.executable, "-c", "print('ok')"],
-        checkpoint_uri=str(tmp_path / "c"),
-        changeover_wall_s=0.1,
-        market=market,
-    )
+    h = _launch(b, market, tmp_path, "spot", "print('ok')")
     time.sleep(0.5)
     assert b.status(h).state.value == "waiting"
     st = _wait(b, h)
@@ -70,15 +75,7 @@ def test_preemption_sends_notice_then_sigterm(tmp_path: Path) -> None:
         "signal.signal(signal.SIGTERM, lambda *a: (open(os.path.join(os.path.dirname(os.environ['AIRFLOW_SPOT_NOTICE_FILE']), 'term'), 'w').write(str(os.path.exists(os.environ['AIRFLOW_SPOT_NOTICE_FILE']))), sys.exit(143)))\n"
         "while True: time.sleep(0.01)"
     )
-    h = b.launch(
-        IDENT,
-        1,
-        "spot",
-        [sys.executable, "-c", code],
-        checkpoint_uri=str(tmp_path / "c"),
-        changeover_wall_s=0.1,
-        market=market,
-    )
+    h = _launch(b, market, tmp_path, "spot", code)
     st = _wait(b, h)
     assert st.outcome is Outcome.PREEMPTED
     assert st.exit_code == 143
@@ -89,15 +86,7 @@ def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
     """A process that ignores SIGTERM is SIGKILLed after the grace period; still a preemption."""
     b, market = _backend(tmp_path, [(True, 2), (False, 100)])
     code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.01)"
-    h = b.launch(
-        IDENT,
-        1,
-        "spot",
-        [sys.executable, "-c", code],
-        checkpoint_uri=str(tmp_path / "c"),
-        changeover_wall_s=0.1,
-        market=market,
-    )
+    h = _launch(b, market, tmp_path, "spot", code)
     st = _wait(b, h)
     assert st.outcome is Outcome.PREEMPTED and st.exit_code == -9
 
@@ -105,15 +94,7 @@ def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
 def test_nonzero_exit_on_healthy_capacity_is_an_application_failure(tmp_path: Path) -> None:
     """Exit 2 on on-demand is an application failure, never a preemption."""
     b, market = _backend(tmp_path, [(False, 100)])
-    h = b.launch(
-        IDENT,
-        1,
-        "on_demand",
-        [sys.executable, "-c", "raise SystemExit(2)"],
-        checkpoint_uri=str(tmp_path / "c"),
-        changeover_wall_s=0.0,
-        market=market,
-    )
+    h = _launch(b, market, tmp_path, "on_demand", "raise SystemExit(2)")
     st = _wait(b, h)
     assert st.outcome is Outcome.APP_FAILURE and st.exit_code == 2
 
@@ -128,15 +109,7 @@ def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
         "open(os.path.join(os.path.dirname(os.environ['AIRFLOW_SPOT_NOTICE_FILE']), 'child.pid'), 'w').write(str(p.pid))\n"
         "while True: time.sleep(0.1)"
     )
-    h = b.launch(
-        IDENT,
-        1,
-        "on_demand",
-        [sys.executable, "-c", code],
-        checkpoint_uri=str(tmp_path / "c"),
-        changeover_wall_s=0.0,
-        market=market,
-    )
+    h = _launch(b, market, tmp_path, "on_demand", code)
     h_dir = Path(h["run_dir"])
     spec = json.loads((h_dir / "spec.json").read_text())
     assert spec["env"]["AIRFLOW_SPOT_CAPACITY"] == "on_demand"
@@ -209,15 +182,7 @@ def test_exit_0_on_the_notice_says_the_notice_came(tmp_path: Path) -> None:
     time as evidence, so the controller can count it as the preemption it was."""
     b, market = _backend(tmp_path, [(True, 2), (False, 100)])
     code = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True: time.sleep(0.01)"
-    h = b.launch(
-        IDENT,
-        1,
-        "spot",
-        [sys.executable, "-c", code],
-        checkpoint_uri=str(tmp_path / "c"),
-        changeover_wall_s=0.1,
-        market=market,
-    )
+    h = _launch(b, market, tmp_path, "spot", code)
     st = _wait(b, h)
     assert st.outcome is Outcome.SUCCEEDED and st.exit_code == 0
     assert st.evidence["notice_at"] > st.launched_at
