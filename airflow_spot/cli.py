@@ -50,9 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--deadline", type=_hours_arg("--deadline"), action="append")
     sim.add_argument("--changeover", type=_hours_arg("--changeover"), action="append")
     sim.add_argument("--spot-price", type=float, default=0.9731)
-    sim.add_argument("--on-demand-price", type=float, default=3.06)
     sim.add_argument(
-        "--trace-prices", action="store_true", help="bill spot at the trace's own prices"
+        "--on-demand-price",
+        type=float,
+        help="default: the traces' own on-demand price with --trace-prices, else 3.06",
+    )
+    sim.add_argument(
+        "--trace-prices",
+        action="store_true",
+        help="bill spot (and on-demand, where the trace has it) at the trace's own prices",
     )
     sim.add_argument(
         "--policy",
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return _simulate(args)
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:  # TraceFormatError is a ConfigError
         print(f"airflow-spot: error: {e}", file=sys.stderr)
         return 2
     return 1
@@ -91,27 +97,49 @@ def _simulate(args: argparse.Namespace) -> int:
     from airflow_spot.simulate.sweep import Setting, random_windows, summarise, sweep
     from airflow_spot.simulate.traces import load_traces
 
-    traces = load_traces(args.traces, polarity=args.polarity, nodes=args.nodes)
-    if args.gap:
-        traces = [
-            t.resample(args.gap * 3600) if abs(t.gap_s - args.gap * 3600) > 1e-9 else t
-            for t in traces
-        ]
+    if args.windows < 1:
+        raise ConfigError("--windows", f"must be at least 1, got {args.windows}")
+    gap_s = args.gap * 3600 if args.gap else None
+    # timestamped CSVs are binned at --gap directly; tick files are resampled by a whole factor
+    traces = load_traces(args.traces, polarity=args.polarity, nodes=args.nodes, gap_s=gap_s)
+    if gap_s:
+        try:
+            traces = [t.resample(gap_s) if abs(t.gap_s - gap_s) > 1e-9 else t for t in traces]
+        except ValueError as e:
+            raise ConfigError("--gap", str(e)) from e
+    if len({t.gap_s for t in traces}) > 1:
+        raise ConfigError(
+            "traces",
+            f"they have different ticks ({sorted({t.gap_s for t in traces})} s); "
+            "pass --gap to put them on one",
+        )
     if args.window:
         length = int(round(args.window * 3600 / traces[0].gap_s))
+        short = [t for t in traces if len(t) < length]
+        if short:
+            raise ConfigError(
+                "--window",
+                f"{args.window:g} h is longer than {len(short)} trace(s), e.g. {short[0].name} "
+                f"({len(short[0]) * short[0].gap_s / 3600:g} h)",
+            )
         traces = [
             w
             for i, t in enumerate(traces)
             for w in random_windows(t, args.windows, length, args.seed + i)
         ]
+    on_demand = _on_demand_price(args, traces)
     policies = args.policy or ["greedy", "uniform_progress", "deadline_aware", "omniscient"]
     settings = [
-        Setting(args.work, dl, co, args.spot_price, args.on_demand_price)
+        Setting(args.work, dl, co, args.spot_price, on_demand)
         for dl in (args.deadline or [60.0])
         for co in (args.changeover or [0.2])
     ]
     for s in settings:
-        s.job(traces[0].gap_s)  # validate every job before the sweep starts
+        job = s.job(traces[0].gap_s)  # validate every job before the sweep starts
+        if "omniscient" in policies:
+            for name, v in (("--changeover", job.changeover_s), ("--work", job.work_s)):
+                if abs(v - round(v)) > 1e-6:
+                    raise ConfigError(name, f"omniscient needs whole seconds, got {v:g} s")
     t0 = time.perf_counter()
     progress = None if args.quiet or not sys.stderr.isatty() else _progress_bar
     rows = sweep(
@@ -134,6 +162,29 @@ def _simulate(args: argparse.Namespace) -> int:
         plot_costs(summarise(rows), args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+def _on_demand_price(args: argparse.Namespace, traces: list) -> float:
+    """--on-demand-price, else (with --trace-prices) the traces' own, else $3.06/h."""
+    if args.on_demand_price is not None:
+        return float(args.on_demand_price)
+    if not args.trace_prices:
+        return 3.06
+    own = {t.on_demand_price for t in traces if t.on_demand_price is not None}
+    if len(own) > 1:
+        raise ConfigError(
+            "--on-demand-price",
+            f"the traces give different on-demand prices {sorted(own)}; "
+            "pass --on-demand-price or simulate them separately",
+        )
+    if not own:
+        print(
+            "airflow-spot: the traces carry no on-demand price; billing on-demand at $3.06/h "
+            "(pass --on-demand-price)",
+            file=sys.stderr,
+        )
+        return 3.06
+    return own.pop()
 
 
 def _progress_bar(done: int, total: int) -> None:

@@ -111,3 +111,42 @@ def test_parse_hours_rejects_garbage() -> None:
     """A malformed duration names the field."""
     with pytest.raises(ConfigError, match="deadline: 'tomorrow'"):
         parse_hours("tomorrow", "deadline")
+
+
+def test_trace_prices_bill_on_demand_at_the_traces_own_price(capsys) -> None:
+    """The GCP H100 sample has spot ~$19/h and on-demand $82.53/h: with --trace-prices both
+    come from the trace (on-demand at the $3.06 default made spot look 6x dearer)."""
+    gcp = str(bundled("gcp-h100/us-central1-a_h100_16.json"))
+    args = ["simulate", gcp, "--polarity", "unavailable", "--window", "92h", "--windows", "5"]
+    args += ["--policy", "greedy", "--workers", "1", "--trace-prices"]
+    rc = main(args)
+    assert rc == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "greedy" in x)
+    norm_cost = float(line.split()[4])
+    assert 0 < norm_cost < 1, line
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--windows", "0", "--window", "10h"], "--windows: must be at least 1"),
+        (["--window", "200h"], "--window: 200 h is longer than 1 trace"),
+        (["--changeover", "0.123h"], "--changeover: omniscient needs whole seconds"),
+        (["--gap", "700s"], "--gap: can only resample"),
+    ],
+)
+def test_bad_sweep_settings_are_errors_naming_the_flag(extra, message, capsys) -> None:
+    """Settings that cannot work stop the command before the sweep, with exit code 2."""
+    rc = main(
+        [
+            "simulate",
+            str(bundled("cant-be-late/us-west-2a_v100_1/0.json")),
+            "--polarity",
+            "unavailable",
+            "--policy",
+            "omniscient",
+            *extra,
+        ]
+    )
+    assert rc == 2
+    assert message in capsys.readouterr().err

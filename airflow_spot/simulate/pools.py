@@ -46,7 +46,14 @@ def replay_pools(
     policy: Policy, pools: Sequence[Trace], job: JobSpec, *, cooldown_ticks: int = 6
 ) -> PoolRun:
     """Replay ``policy`` with spot from the cheapest available pool of ``pools`` (aligned traces)."""
+    if not pools:
+        raise ValueError("replay_pools needs at least one pool")
     gap = pools[0].gap_s
+    ticks = sorted({p.gap_s for p in pools})
+    if len(ticks) > 1:
+        raise ValueError(f"pools must share one tick; got {ticks} s (resample them)")
+    if abs(job.tick_s - gap) > 1e-9:
+        raise ValueError(f"job.tick_s={job.tick_s} must equal the pools' tick {gap}")
     n = min(len(p) for p in pools)
     avail = [p.available[:n].tolist() for p in pools]
     prices = [

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeGuard
 
 import numpy as np
 
@@ -165,13 +166,28 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
         )
     meta = doc["metadata"]
     gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
-    if not isinstance(gap, (int, float)) or gap <= 0:
+    if not _finite_number(gap) or gap <= 0:
         raise TraceFormatError("trace", f"{p.name}: metadata.gap_seconds must be a positive number")
-    data = np.asarray(doc["data"])
-    if data.ndim != 1 or data.size == 0 or not np.issubdtype(data.dtype, np.number):
-        raise TraceFormatError("trace", f"{p.name}: data must be a non-empty list of numbers")
+    try:
+        data = np.asarray(doc["data"])
+    except ValueError as e:  # ragged nesting
+        raise TraceFormatError("trace", f"{p.name}: data must be a list of numbers ({e})") from e
+    if (
+        data.ndim != 1
+        or data.size == 0
+        or data.dtype == bool
+        or not np.issubdtype(data.dtype, np.number)
+        or not np.isfinite(data).all()
+        or (data < 0).any()
+        or (data != np.round(data)).any()
+    ):
+        raise TraceFormatError(
+            "trace",
+            f"{p.name}: data must be a non-empty list of whole numbers >= 0 "
+            "(0/1 flags or instance counts)",
+        )
     top = int(data.max())
-    if top > 1 or nodes is not None:
+    if top > 1 or (nodes is not None and polarity is None):
         avail = _counts_to_available(p, data, nodes, polarity)
     else:
         if polarity is None:
@@ -185,8 +201,13 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
     prices = _prices(p, doc.get("prices"), data.size)
     od = None
     info = meta.get("price_info") if isinstance(meta, dict) else None
-    if isinstance(info, dict) and isinstance(info.get("on_demand_price"), (int, float)):
-        od = float(info["on_demand_price"])
+    if isinstance(info, dict) and info.get("on_demand_price") is not None:
+        od = info["on_demand_price"]
+        if not _finite_number(od) or od <= 0:
+            raise TraceFormatError(
+                "trace", f"{p.name}: metadata.price_info.on_demand_price must be a positive number"
+            )
+        od = float(od)
     return Trace(p.stem, float(gap), avail.astype(bool), prices, od, str(p), {"polarity": polarity})
 
 
@@ -209,11 +230,18 @@ def _counts_to_available(
     return data >= nodes
 
 
+def _finite_number(v: object) -> TypeGuard[float]:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _prices(p: Path, raw: object, n: int) -> np.ndarray | None:
     if raw is None:
         return None
-    arr = np.asarray(raw, dtype=float)
-    if arr.shape != (n,) or (arr <= 0).any():
+    try:
+        arr = np.asarray(raw, dtype=float)
+    except (TypeError, ValueError):
+        arr = np.array([np.nan])
+    if arr.shape != (n,) or not np.isfinite(arr).all() or (arr <= 0).any():
         raise TraceFormatError(
             "trace", f"{p.name}: prices must be {n} positive numbers, one per tick"
         )
@@ -221,12 +249,12 @@ def _prices(p: Path, raw: object, n: int) -> np.ndarray | None:
 
 
 def _load_csv(p: Path, gap_s: float | None) -> Trace:
-    with p.open(newline="") as fh:
-        rows = list(csv.reader(fh))
+    with p.open(newline="", encoding="utf-8-sig") as fh:  # a spreadsheet may add a BOM
+        rows = [r for r in csv.reader(fh) if any(c.strip() for c in r)]
     if not rows or [c.strip() for c in rows[0]] != ["date", "availability"]:
         raise TraceFormatError("trace", f"{p.name}: expected a CSV with header 'date,availability'")
     try:
-        stamps = np.array([datetime.fromisoformat(r[0]).timestamp() for r in rows[1:]])
+        stamps = np.array([_utc_seconds(r[0]) for r in rows[1:]])
         values = np.array([int(r[1]) for r in rows[1:]])
     except (ValueError, IndexError) as e:
         raise TraceFormatError(
@@ -255,10 +283,17 @@ def _load_csv(p: Path, gap_s: float | None) -> Trace:
         counts = np.bincount(tick, minlength=n)
         prices = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
         prices = _ffill(prices)
-    start = datetime.fromtimestamp(stamps[0]).isoformat()
+    start = datetime.fromtimestamp(stamps[0], timezone.utc).isoformat()
     return Trace(
         p.stem, gap, up, prices, None, str(p), {"start": start, "probes": int(values.size)}
     )
+
+
+def _utc_seconds(text: str) -> float:
+    """Seconds since the epoch; a time without a zone is UTC (never the machine's local time,
+    whose daylight-saving jumps would make the probes go backwards)."""
+    dt = datetime.fromisoformat(text.strip())
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _ffill(a: np.ndarray) -> np.ndarray:

@@ -34,6 +34,18 @@ def test_moves_to_another_pool_when_its_pool_is_reclaimed() -> None:
     assert r.cost == pytest.approx(10 * 600 / HOUR * 1.0 + 10 * 600 / HOUR * 2.0, rel=0.15)
 
 
+def test_pools_on_different_ticks_are_refused() -> None:
+    """Pools must share the job's tick, as a single-trace replay must."""
+    from dataclasses import replace
+
+    a = _trace("a", [True] * 20, 1.0)
+    b = replace(_trace("b", [True] * 40, 2.0), gap_s=300.0)
+    with pytest.raises(ValueError, match="share one tick"):
+        replay_pools(get_policy("greedy"), [a, b], JobSpec(HOUR, 3 * HOUR, 600.0, tick_s=600.0))
+    with pytest.raises(ValueError, match="must equal the pools' tick"):
+        replay_pools(get_policy("greedy"), [a], JobSpec(HOUR, 3 * HOUR, 600.0, tick_s=60.0))
+
+
 def test_multi_pool_is_no_dearer_than_its_best_pool_here() -> None:
     """Two pools that fail at different times: spreading over both beats either alone."""
     rng = np.random.default_rng(1)

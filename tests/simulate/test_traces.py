@@ -89,7 +89,28 @@ def test_timestamped_csv_is_resampled(tmp_path: Path) -> None:
         ("not json", "a.json", "not valid JSON"),
         ('{"data": [1]}', "b.json", 'expected {"metadata"'),
         ('{"metadata": {}, "data": [1, 0]}', "c.json", "gap_seconds must be a positive number"),
-        ('{"metadata": {"gap_seconds": 600}, "data": []}', "d.json", "non-empty list of numbers"),
+        ('{"metadata": {"gap_seconds": 600}, "data": []}', "d.json", "non-empty list of whole"),
+        ('{"metadata": {"gap_seconds": 600}, "data": [1, NaN, 0]}', "h.json", "whole numbers >= 0"),
+        ('{"metadata": {"gap_seconds": 600}, "data": [1, Infinity]}', "i.json", "whole numbers"),
+        ('{"metadata": {"gap_seconds": 600}, "data": [-1, 0.5]}', "j.json", "whole numbers >= 0"),
+        ('{"metadata": {"gap_seconds": 600}, "data": [1, null]}', "k.json", "whole numbers"),
+        ('{"metadata": {"gap_seconds": NaN}, "data": [1, 0]}', "l.json", "gap_seconds must be"),
+        ('{"metadata": {"gap_seconds": true}, "data": [1, 0]}', "m.json", "gap_seconds must be"),
+        (
+            '{"metadata": {"gap_seconds": 600}, "data": [1, 0], "prices": [1.0, NaN]}',
+            "n.json",
+            "prices must be",
+        ),
+        (
+            '{"metadata": {"gap_seconds": 600}, "data": [1, 0], "prices": ["a", "b"]}',
+            "o.json",
+            "prices must be",
+        ),
+        (
+            '{"metadata": {"gap_seconds": 600, "price_info": {"on_demand_price": -3}}, "data": [1, 0]}',
+            "p.json",
+            "on_demand_price must be",
+        ),
         ("date,avail\n2023-01-01 00:00:00,1\n", "e.csv", "header 'date,availability'"),
         ("date,availability\nyesterday,1\nnow,0\n", "f.csv", "bad row"),
         ("x", "g.txt", "expected a .json or .csv trace"),
@@ -103,6 +124,28 @@ def test_malformed_files_say_what_was_expected(
     p.write_text(content)
     with pytest.raises(TraceFormatError, match=message):
         load_trace(p, polarity="available")
+
+
+@pytest.mark.parametrize(
+    ("tz", "day"),
+    [("UTC", "2023-03-12"), ("America/New_York", "2023-03-12"), ("Europe/Berlin", "2023-03-26")],
+)
+def test_csv_times_without_a_zone_are_utc(tmp_path: Path, monkeypatch, tz: str, day: str) -> None:
+    """Probes across a daylight-saving change load the same whatever the machine's time zone
+    (local time would make them jump back an hour and the file be rejected)."""
+    import time
+
+    monkeypatch.setenv("TZ", tz)
+    time.tzset()
+    try:
+        p = tmp_path / "z.csv"
+        stamps = [f"{day} 02:50:00", f"{day} 03:00:00", f"{day} 03:10:00"]  # DST begins at 2:00
+        p.write_text("\ufeffdate,availability\n" + "".join(f"{d},1\n\n" for d in stamps))
+        t = load_trace(p)
+        assert (len(t), t.gap_s, t.meta["start"]) == (3, 600.0, f"{day}T02:50:00+00:00")
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
 
 
 def test_folder_loads_in_natural_order() -> None:
