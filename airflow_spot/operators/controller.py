@@ -130,6 +130,7 @@ class Controller:
         snap = self.summary(now, None)
         snap.pop("decisions", None)
         snap["finished_hours"] = None
+        snap["deadline_met"] = None  # not known until the job ends
         remaining = max(0.0, job.work_s - obs.done_s)
         extra = 0.0 if obs.capacity is not Capacity.NONE else job.changeover_s
         snap["estimated_finish_hours"] = round(
@@ -361,15 +362,32 @@ class Controller:
             return None
         summary = self.summary(now, m)
         self.state.finished = summary
+        self._emit(summary)
+        log.info("Job complete: %s", _one_line(summary))
+        return summary
+
+    def failed_for_good(self, now: float) -> None:
+        """The task fails for good: the UI's snapshot and the metrics say the deadline is
+        missed (no model comes out of this job), with what was spent until now."""
+        try:
+            snap = self.summary(now, None)
+        except Exception as e:  # noqa: BLE001 - reporting must not hide the task's own error
+            log.warning("Could not summarise the failed job: %s", e)
+            return
+        snap.pop("decisions", None)
+        snap["finished_hours"] = None
+        snap["deadline_met"] = False
+        self.state.snapshot = snap
+        self._emit(snap)
+
+    def _emit(self, summary: dict[str, Any]) -> None:
         from airflow_spot.operators.metrics import emit
 
         ti = self.context["ti"]
         try:
             emit(summary, ti.dag_id, ti.task_id)
-        except Exception as e:  # noqa: BLE001 - metrics must never fail a finished job
+        except Exception as e:  # noqa: BLE001 - metrics must never fail a job
             log.warning("Could not send metrics: %s", e)
-        log.info("Job complete: %s", _one_line(summary))
-        return summary
 
     # -- deciding ---------------------------------------------------------------------------
     def _total_steps(self, m: Manifest | None) -> int | None:

@@ -14,7 +14,7 @@ def emit(summary: dict[str, Any], dag_id: str, task_id: str, stats: Any = None) 
         "spot_training.preemptions": summary.get("preemptions", 0),
         "spot_training.fallbacks_to_on_demand": summary.get("fallbacks_to_on_demand", 0),
         "spot_training.returns_to_spot": summary.get("returns_to_spot", 0),
-        "spot_training.deadline_misses": 0 if summary.get("deadline_met", True) else 1,
+        "spot_training.deadline_misses": 1 if summary.get("deadline_met") is False else 0,
     }
     gauges = {
         "spot_training.spot_seconds": 3600 * summary.get("spot_hours", 0.0),

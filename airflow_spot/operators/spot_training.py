@@ -338,6 +338,7 @@ class SpotTrainingOperator(BaseOperator):
                 except Exception as stop:  # noqa: BLE001 - the original error is the one to raise
                     self.log.error("Could not stop the live attempt: %s", stop)
                 state.failed = {"error": type(e).__name__, "message": str(e)}
+                ctl.failed_for_good(time.time())
                 store.set(STATE_KEY, state.to_dict())
                 raise
 

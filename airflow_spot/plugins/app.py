@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -155,7 +156,7 @@ def timeline(
         f"(savings <b>{100 * summary.get('savings', 0):.1f} %</b>), spot {summary.get('spot_hours', 0):.2f} h, "
         f"on-demand {summary.get('on_demand_hours', 0):.2f} h, idle {summary.get('idle_hours', 0):.2f} h, "
         f"preemptions <b>{state.get('preemptions', 0)}</b>, work lost {summary.get('work_lost_hours', 0):.2f} h, "
-        f"deadline met: {summary.get('deadline_met')}"
+        f"deadline {html.escape(_iso_h(state.get('deadline_at')))}: " + _verdict(state, summary)
     )
     return (
         f'<!doctype html><html><head><meta charset="utf-8">{refresh}<title>Spot timeline</title>'
@@ -163,3 +164,25 @@ def timeline(
         f'<h3>{html.escape(dag_id)} / {html.escape(run_id)} / {html.escape(task_id)}</h3><p id="figures">{figures}</p>'
         f'{timeline_svg(state)}<h4>Decisions</h4><table id="decisions">{log}</table></body></html>'
     )
+
+
+def _verdict(state: dict, summary: dict) -> str:
+    if state.get("failed"):
+        f = state["failed"]
+        return (
+            f"<b>failed</b> ({html.escape(str(f.get('error')))}: "
+            f"{html.escape(str(f.get('message')))}), not met"
+        )
+    if state.get("finished"):
+        met = summary.get("deadline_met")
+        return (
+            f"<b>{'met' if met else 'missed'}</b> (finished at {summary.get('finished_hours')} h)"
+        )
+    est = summary.get("estimated_finish_hours")
+    return "running" + (f", estimated finish {est:.2f} h" if isinstance(est, (int, float)) else "")
+
+
+def _iso_h(ts: object) -> str:
+    if not isinstance(ts, (int, float)):
+        return "?"
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

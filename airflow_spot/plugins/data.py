@@ -51,8 +51,10 @@ def row(
         "savings": summary.get("savings", 0.0),
         "preemptions": state.get("preemptions", 0),
         "work_lost_hours": summary.get("work_lost_hours", 0.0),
-        "deadline_met": summary.get("deadline_met"),
-        "now": (live or {}).get("capacity") or ("done" if state.get("finished") else "idle"),
+        "deadline_met": _deadline_met(state, summary),
+        "now": "failed"
+        if state.get("failed")
+        else (live or {}).get("capacity") or ("done" if state.get("finished") else "idle"),
         "failed": state.get("failed"),
         "updated_at": updated_at.isoformat() if updated_at else None,
     }
@@ -107,3 +109,13 @@ def load_one(
         )
     ).first()
     return None if rec is None else json.loads(rec.value)
+
+
+def _deadline_met(state: dict[str, Any], summary: dict[str, Any]) -> bool | None:
+    """True/False once the job has ended (a job that failed for good missed it); None while it
+    runs (a snapshot's finish is only an estimate)."""
+    if state.get("failed"):
+        return False
+    if state.get("finished"):
+        return summary.get("deadline_met")
+    return None

@@ -60,10 +60,18 @@ def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_i
         op.resume(make_context(store, try_number=1, max_tries=1), TICK.to_payload())
     assert not read_status(handle).terminal  # still training, for try 2 to re-attach
     assert not store.get(STATE_KEY).get("failed")
+    sent = []
+    monkeypatch.setattr(
+        "airflow_spot.operators.metrics.emit", lambda summary, *a, **k: sent.append(summary)
+    )
     with pytest.raises(RuntimeError):  # try 2 of 2: nothing comes after it
         op.resume(make_context(store, try_number=2, max_tries=1), TICK.to_payload())
     assert read_status(handle).terminal  # stopped: nothing runs unwatched
-    assert store.get(STATE_KEY)["failed"]["error"] == "RuntimeError"
+    state = store.get(STATE_KEY)
+    assert state["failed"]["error"] == "RuntimeError"
+    # the UI and the metrics say the deadline is missed, with what was spent
+    assert state["snapshot"]["deadline_met"] is False and state["snapshot"]["cost"] > 0
+    assert [s["deadline_met"] for s in sent] == [False]
 
 
 def test_a_task_cleared_after_failing_for_good_starts_afresh(tmp_path: Path) -> None:

@@ -95,6 +95,7 @@ def test_runs_table_and_timeline_show_the_run(client, finished_run) -> None:
     assert tl.text.count('class="preemption"') == summary["preemptions"]
     assert 'class="deadline"' in tl.text and 'class="progress"' in tl.text
     assert f"${summary['cost']:.2f}" in tl.text
+    assert "<b>met</b> (finished at" in tl.text and "deadline 20" in tl.text
     missing = client.get(
         "/spot-training/api/run",
         params={"dag_id": "x", "run_id": "y", "task_id": "z"},
@@ -265,3 +266,23 @@ def test_page_renders_in_a_browser(finished_run, tmp_path) -> None:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_a_row_says_met_only_once_the_job_has_ended() -> None:
+    """A running job's snapshot carries an estimate, not a verdict; a job that failed for good
+    missed its deadline and says 'failed', not 'idle'."""
+    from airflow_spot.plugins.data import row
+
+    running = {"snapshot": {"deadline_met": True, "estimated_finish_hours": 50.0}}
+    failed = {
+        "snapshot": {"deadline_met": True},
+        "failed": {"error": "InfeasibleDeadline", "message": "deadline: cannot be met"},
+    }
+    finished = {"finished": {"deadline_met": True, "finished_hours": 59.0}}
+    got = {
+        name: row("d", "r", "t", -1, None, st, None)
+        for name, st in (("running", running), ("failed", failed), ("finished", finished))
+    }
+    assert got["running"]["deadline_met"] is None
+    assert (got["failed"]["deadline_met"], got["failed"]["now"]) == (False, "failed")
+    assert (got["finished"]["deadline_met"], got["finished"]["now"]) == (True, "done")
