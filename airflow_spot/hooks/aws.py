@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -39,6 +40,16 @@ DEFAULT_ON_DEMAND = {
     "p4d.24xlarge": 32.7726,
     "g5.12xlarge": 5.672,
 }
+
+
+_REGION = re.compile(r"([a-z]{2}(?:-[a-z]+)+-\d+)")
+
+
+def region_of(zone: str) -> str | None:
+    """The region of an availability zone or local zone: ``us-east-1a`` -> ``us-east-1``,
+    ``us-west-2-lax-1a`` -> ``us-west-2``; None if it does not look like one."""
+    m = _REGION.match(zone)
+    return m.group(1) if m else None
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class SpotMarketHook(AwsBaseHook):
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self._cache: dict[tuple, tuple[float, Any]] = {}
+        self._clients: dict[str, Any] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
     def _cached(self, key: tuple, fn):
@@ -87,15 +99,29 @@ class SpotMarketHook(AwsBaseHook):
         if hit is not None and now - hit[0] < self.cache_ttl_s:
             return hit[1]
         value = fn()
+        for k in [k for k, (at, _) in self._cache.items() if now - at >= self.cache_ttl_s]:
+            del self._cache[k]  # a long-lived hook must not grow without bound
         self._cache[key] = (now, value)
         return value
 
     def _call(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
-        from botocore.exceptions import ClientError, EndpointConnectionError
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
 
         for attempt in range(1, self.max_attempts + 1):
             try:
                 return fn(*args, **kwargs)
+            except (NoCredentialsError, PartialCredentialsError) as e:
+                raise ConfigError(
+                    "aws_conn_id",
+                    f"{what}: AWS connection {self.aws_conn_id!r} has no usable credentials "
+                    f"({type(e).__name__}); set its login/password, a role_arn or a profile in "
+                    "its extra, or run where an instance role is available",
+                ) from e
             except ClientError as e:
                 code = e.response.get("Error", {}).get("Code", "")
                 if code in RETRYABLE and attempt < self.max_attempts:
@@ -132,32 +158,63 @@ class SpotMarketHook(AwsBaseHook):
                 f"{_redact(str(e))}; fix the connection's extra (JSON) or credentials",
             ) from e
 
+    def ec2(self, region: str | None = None):
+        """The EC2 client of ``region`` (default: the connection's), same credentials."""
+        if region is None or region == self.region_name:
+            return self.client()
+        if region not in self._clients:
+            try:
+                self._clients[region] = self.get_session().client(
+                    "ec2",
+                    region_name=region,
+                    endpoint_url=self.conn_config.endpoint_url,
+                    config=self.config,
+                )
+            except Exception as e:  # noqa: BLE001 - as client(): the connection's fault
+                raise ConfigError(
+                    "aws_conn_id",
+                    f"cannot use AWS connection {self.aws_conn_id!r} in {region}: "
+                    f"{type(e).__name__}: {_redact(str(e))}",
+                ) from e
+        return self._clients[region]
+
+    def by_region(self, zones: list[str] | None) -> dict[str | None, list[str]]:
+        """Zones grouped by their region (``us-east-1a`` -> ``us-east-1``); no zones: the
+        connection's region."""
+        out: dict[str | None, list[str]] = {}
+        for z in zones or []:
+            out.setdefault(region_of(z) or self.region_name, []).append(z)
+        return out or {self.region_name: []}
+
     def validate(self, instance_type: str, zones: list[str] | None = None) -> None:
-        """Fail with a named field if the instance type or a zone does not exist here."""
-        ec2 = self.client()
-        self._cached(
-            ("type", instance_type),
-            lambda: self._call(
-                f"instance_type {instance_type!r}",
-                ec2.describe_instance_types,
-                InstanceTypes=[instance_type],
-            ),
-        )
-        if zones:
+        """Fail with a named field if the instance type or a zone does not exist (zones may
+        span regions: each is checked in its own)."""
+        for region, group in self.by_region(zones).items():
+            ec2 = self.ec2(region)
+            self._cached(
+                ("type", instance_type, region),
+                lambda ec2=ec2: self._call(
+                    f"instance_type {instance_type!r}",
+                    ec2.describe_instance_types,
+                    InstanceTypes=[instance_type],
+                ),
+            )
+            if not group:
+                continue
             known = self._cached(
-                ("zones",),
-                lambda: {
+                ("zones", region),
+                lambda ec2=ec2: {
                     z["ZoneName"]
                     for z in self._call("zones", ec2.describe_availability_zones)[
                         "AvailabilityZones"
                     ]
                 },
             )
-            bad = [z for z in zones if z not in known]
+            bad = [z for z in group if z not in known]
             if bad:
                 raise ConfigError(
                     "zones",
-                    f"unknown availability zone(s) {bad} in region {self.region_name}; known: {sorted(known)}",
+                    f"unknown availability zone(s) {bad} in region {region}; known: {sorted(known)}",
                 )
 
     # -- prices -----------------------------------------------------------------------------
@@ -169,21 +226,31 @@ class SpotMarketHook(AwsBaseHook):
         start: datetime | None = None,
         end: datetime | None = None,
     ) -> list[PricePoint]:
-        """Spot price changes (Linux/UNIX) per zone between ``start`` and ``end`` (cached)."""
-        ec2 = self.client()
-        kwargs: dict[str, Any] = {
-            "InstanceTypes": [instance_type],
-            "ProductDescriptions": ["Linux/UNIX"],
-        }
-        if zones:
-            kwargs["Filters"] = [{"Name": "availability-zone", "Values": list(zones)}]
-        if start:
-            kwargs["StartTime"] = start
-        if end:
-            kwargs["EndTime"] = end
+        """Spot price changes (Linux/UNIX) per zone between ``start`` and ``end`` (cached);
+        zones in several regions are asked in each."""
+        key = ("history", instance_type, tuple(zones or ()), start, end)
+        return self._cached(key, lambda: self._history(instance_type, zones, start, end))
 
-        def fetch() -> list[PricePoint]:
-            out: list[PricePoint] = []
+    def _history(
+        self,
+        instance_type: str,
+        zones: list[str] | None,
+        start: datetime | None,
+        end: datetime | None,
+    ) -> list[PricePoint]:
+        out: list[PricePoint] = []
+        for region, group in self.by_region(zones).items():
+            ec2 = self.ec2(region)
+            kwargs: dict[str, Any] = {
+                "InstanceTypes": [instance_type],
+                "ProductDescriptions": ["Linux/UNIX"],
+            }
+            if group:
+                kwargs["Filters"] = [{"Name": "availability-zone", "Values": group}]
+            if start:
+                kwargs["StartTime"] = start
+            if end:
+                kwargs["EndTime"] = end
             token = None
             while True:
                 page = self._call(
@@ -203,23 +270,24 @@ class SpotMarketHook(AwsBaseHook):
                     )
                 token = page.get("NextToken")
                 if not token:
-                    return sorted(out, key=lambda p: p.at)
-
-        key = ("history", instance_type, tuple(zones or ()), start, end)
-        return self._cached(key, fetch)
+                    break
+        return sorted(out, key=lambda p: p.at)
 
     def current_spot_prices(
         self, instance_type: str, zones: list[str] | None = None, *, now: datetime | None = None
     ) -> dict[str, float]:
-        """The latest spot price per zone (from the last day of history)."""
-        now = now or datetime.now(timezone.utc)
-        latest: dict[str, PricePoint] = {}
-        for p in self.spot_price_history(
-            instance_type, zones, start=now - timedelta(days=1), end=now
-        ):
-            if p.zone not in latest or p.at >= latest[p.zone].at:
-                latest[p.zone] = p
-        return {z: p.price for z, p in sorted(latest.items())}
+        """The latest spot price per zone (from the last day of history), reused for
+        ``cache_ttl_s`` (the window moves with the clock, so it is cached by zones, not times)."""
+
+        def fetch() -> dict[str, float]:
+            at = now or datetime.now(timezone.utc)
+            latest: dict[str, PricePoint] = {}
+            for p in self._history(instance_type, zones, at - timedelta(days=1), at):
+                if p.zone not in latest or p.at >= latest[p.zone].at:
+                    latest[p.zone] = p
+            return {z: p.price for z, p in sorted(latest.items())}
+
+        return self._cached(("current", instance_type, tuple(zones or ()), now), fetch)
 
     def on_demand_price(self, instance_type: str) -> float:
         """On-demand price per hour: configured, else the Pricing API, else a built-in table."""
@@ -244,6 +312,11 @@ class SpotMarketHook(AwsBaseHook):
                         {"Type": "TERM_MATCH", "Field": "tenancy", "Value": "Shared"},
                         {"Type": "TERM_MATCH", "Field": "preInstalledSw", "Value": "NA"},
                         {"Type": "TERM_MATCH", "Field": "capacitystatus", "Value": "Used"},
+                        {
+                            "Type": "TERM_MATCH",
+                            "Field": "regionCode",
+                            "Value": self.region_name or "us-east-1",
+                        },
                     ],
                     MaxResults=1,
                 )

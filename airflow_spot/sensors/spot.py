@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,9 +63,13 @@ class SpotPriceSensor(DeferrableSpotSensor):
             raise ConfigError(
                 "max_price", "give exactly one of max_price (per hour) or max_fraction_of_on_demand"
             )
-        if max_price is not None and not max_price > 0:
-            raise ConfigError("max_price", f"must be > 0 dollars per hour, got {max_price!r}")
-        if max_fraction_of_on_demand is not None and not 0 < max_fraction_of_on_demand <= 1:
+        if max_price is not None and not (_number(max_price) and max_price > 0):
+            raise ConfigError(
+                "max_price", f"must be a number > 0 (dollars per hour), got {max_price!r}"
+            )
+        if max_fraction_of_on_demand is not None and not (
+            _number(max_fraction_of_on_demand) and 0 < max_fraction_of_on_demand <= 1
+        ):
             raise ConfigError(
                 "max_fraction_of_on_demand", f"must be in (0, 1], got {max_fraction_of_on_demand!r}"
             )
@@ -122,3 +127,8 @@ class SpotPriceSensor(DeferrableSpotSensor):
             region_name=self.region_name,
             poll_interval=float(self.poke_interval),
         )
+
+
+def _number(v: object) -> bool:
+    """A real, finite number (not a bool, not a string like "1.10")."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -80,16 +80,83 @@ def test_current_prices_from_the_real_series_cached(moto_conn) -> None:
     hook = SpotMarketHook(aws_conn_id="aws_moto", cache_ttl_s=60)
     stub = Stubber(hook.get_conn())
     stub.add_response(
-        "describe_spot_price_history", real_history(["us-east-1a", "us-east-2a"], now)
+        "describe_spot_price_history", real_history(["us-east-1a", "us-east-1c"], now)
     )
     with stub:
-        first = hook.current_spot_prices("p3.2xlarge", ["us-east-1a", "us-east-2a"], now=now)
+        first = hook.current_spot_prices("p3.2xlarge", ["us-east-1a", "us-east-1c"], now=now)
         again = hook.current_spot_prices(
-            "p3.2xlarge", ["us-east-1a", "us-east-2a"], now=now
+            "p3.2xlarge", ["us-east-1a", "us-east-1c"], now=now
         )  # no response queued
     sample = json.loads(bundled("aws-p3/spot_prices_sample.json").read_text())["prices"]
-    assert first == {"us-east-1a": sample["us-east-1a"][-1], "us-east-2a": sample["us-east-2a"][-1]}
+    assert first == {"us-east-1a": sample["us-east-1a"][-1], "us-east-1c": sample["us-east-1c"][-1]}
     assert again == first
+
+
+def test_current_prices_without_a_fixed_clock_are_cached_and_the_cache_is_bounded(
+    moto_conn,
+) -> None:
+    """The live path asks 'now' every look: within the TTL the answer is reused (one API call),
+    and expired entries are dropped instead of piling up for the life of a run."""
+    hook = SpotMarketHook(aws_conn_id="aws_moto", cache_ttl_s=60)
+    calls = []
+    real = hook._history
+    hook._history = lambda *a: calls.append(a) or real(*a)
+    for _ in range(3):
+        assert set(hook.current_spot_prices("g5.xlarge", ["us-east-1a"])) == {"us-east-1a"}
+    assert len(calls) == 1
+    hook.cache_ttl_s = 0.0
+    for _ in range(3):
+        hook.current_spot_prices("g5.xlarge", ["us-east-1a"])
+    assert len(calls) == 4 and len(hook._cache) == 1
+
+
+def test_zones_in_several_regions_are_asked_in_each(moto_conn) -> None:
+    """The README's sensor watches us-east-1 and us-east-2 zones over one connection: each
+    region is validated and priced with its own client."""
+    hook = SpotMarketHook(aws_conn_id="aws_moto")
+    zones = ["us-east-1a", "us-east-1c", "us-east-2a"]
+    hook.validate("g5.xlarge", zones)
+    assert set(hook.current_spot_prices("g5.xlarge", zones)) == set(zones)
+    with pytest.raises(
+        ConfigError,
+        match=r"zones: unknown availability zone\(s\) \['us-east-2z'\] in region us-east-2",
+    ):
+        hook.validate("g5.xlarge", ["us-east-1a", "us-east-2z"])
+
+
+def test_a_connection_without_credentials_names_the_connection(monkeypatch, moto_conn) -> None:
+    """No credentials anywhere: a ConfigError naming aws_conn_id and the fix, not botocore's
+    NoCredentialsError."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_NOCREDS",
+        json.dumps(
+            {"conn_type": "aws", "extra": {"region_name": "us-east-1", "endpoint_url": moto_conn}}
+        ),
+    )
+    with pytest.raises(ConfigError, match="aws_conn_id: .*'aws_nocreds' has no usable credentials"):
+        SpotMarketHook(aws_conn_id="aws_nocreds", max_attempts=1).validate("g5.xlarge")
+
+
+def test_the_pricing_api_is_asked_for_the_connections_region(moto_conn, monkeypatch) -> None:
+    """Without a region filter the Pricing API answers for whichever region it lists first."""
+    seen = {}
+
+    class Pricing:
+        def get_products(self, **kw):
+            seen.update({f["Field"]: f["Value"] for f in kw["Filters"]})
+            return {"PriceList": []}
+
+    hook = SpotMarketHook(aws_conn_id="aws_moto")
+    session = hook.get_session()
+    monkeypatch.setattr(type(session), "client", lambda self, *a, **k: Pricing())
+    monkeypatch.setattr(hook, "get_session", lambda *a, **k: session)
+    assert hook.on_demand_price("p3.2xlarge") == pytest.approx(3.06)  # the table, after the API
+    assert seen["regionCode"] == "us-east-1" and seen["instanceType"] == "p3.2xlarge"
 
 
 def test_throttling_is_retried_with_backoff(moto_conn, caplog) -> None:

@@ -146,6 +146,10 @@ def test_spot_price_sensor_absolute_and_fraction(moto_conn) -> None:
     [
         ({"max_price": 0}, "max_price"),
         ({"max_price": -1}, "max_price"),
+        ({"max_price": "1.10"}, "max_price"),
+        ({"max_price": True}, "max_price"),
+        ({"max_price": float("inf")}, "max_price"),
+        ({"max_fraction_of_on_demand": "0.35"}, "max_fraction_of_on_demand"),
         ({}, "max_price"),
         ({"max_price": 1, "max_fraction_of_on_demand": 0.5}, "max_price"),
         ({"max_fraction_of_on_demand": 1.5}, "max_fraction_of_on_demand"),
