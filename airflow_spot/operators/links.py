@@ -22,4 +22,14 @@ class SpotTimelineLink(BaseOperatorLink):
                 "map_index": getattr(ti_key, "map_index", -1),
             }
         )
-        return f"/spot-training/timeline?{query}"
+        return f"{_base_path()}/spot-training/timeline?{query}"
+
+
+def _base_path() -> str:
+    """The path of ``[api] base_url`` (``https://host/airflow`` -> ``/airflow``): an Airflow
+    served under a sub-path mounts the plugin there too."""
+    from urllib.parse import urlparse
+
+    from airflow.configuration import conf
+
+    return urlparse(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")

@@ -6,8 +6,10 @@ import html
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import get_user
+from airflow.api_fastapi.core_api.security import GetUserDep, get_user, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
@@ -23,13 +25,19 @@ COLORS = {
 }
 
 
+# a task instance's state is shown only to users who may read that DAG's task instances
+CAN_READ_TI = [Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE))]
+
+
 @app.get("/api/runs")
-def runs(session: SessionDep, dag_id: str | None = None) -> list[dict[str, Any]]:
-    """One row per spot training task instance, newest first (``dag_id`` filters)."""
-    return load_rows(session, dag_id)
+def runs(session: SessionDep, user: GetUserDep, dag_id: str | None = None) -> list[dict[str, Any]]:
+    """One row per spot training task instance the user may read, newest first (``dag_id``
+    filters)."""
+    allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
+    return [r for r in load_rows(session, dag_id) if r["dag_id"] in allowed]
 
 
-@app.get("/api/run")
+@app.get("/api/run", dependencies=CAN_READ_TI)
 def run(
     session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: int = -1
 ) -> dict[str, Any]:
@@ -49,22 +57,24 @@ td.l,th.l{text-align:left}.ok{color:#2b8a3e}.bad{color:#c92a2a}</style></head><b
 <h2>Spot training</h2><label>DAG <input id="dag" placeholder="all DAGs" value="__DAG__"></label>
 <span id="stamp" style="margin-left:12px;color:#868e96"></span>
 <table><thead><tr><th class="l">DAG</th><th class="l">run</th><th class="l">task</th><th class="l">state</th><th class="l">now on</th>
-<th>progress</th><th class="l">deadline</th><th>finish (h)</th><th>spot h</th><th>on-demand h</th><th>idle h</th>
+<th>progress</th><th class="l">deadline</th><th class="l">met</th><th>finish (h)</th><th>spot h</th><th>on-demand h</th><th>idle h</th>
 <th>cost</th><th>savings</th><th>preemptions</th><th>work lost h</th><th class="l">timeline</th></tr></thead>
 <tbody id="rows"></tbody></table>
 <script>
 const f = (x, d=2) => x == null ? "" : Number(x).toFixed(d);
+const e = s => String(s ?? "").replace(/[&<>"']/g, c => "&#" + c.charCodeAt(0) + ";");
+const met = x => x.deadline_met == null ? "" : (x.deadline_met ? '<span class="ok">yes</span>' : '<span class="bad">no</span>');
 async function load() {
   const dag = document.getElementById("dag").value;
   const r = await fetch("api/runs" + (dag ? "?dag_id=" + encodeURIComponent(dag) : ""), {credentials: "same-origin"});
   if (!r.ok) { document.getElementById("stamp").textContent = "HTTP " + r.status; return; }
   const rows = await r.json();
   document.getElementById("rows").innerHTML = rows.map(x => `<tr>
-    <td class="l">${x.dag_id}</td><td class="l">${x.run_id}</td><td class="l">${x.task_id}</td><td class="l">${x.state ?? ""}</td>
-    <td class="l">${x.now}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${x.deadline ?? ""}</td>
+    <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}</td><td class="l">${e(x.state)}</td>
+    <td class="l ${x.now == "failed" ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
     <td>${f(x.estimated_finish_hours)}</td><td>${f(x.spot_hours)}</td><td>${f(x.on_demand_hours)}</td><td>${f(x.idle_hours)}</td>
     <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${f(100 * x.savings, 1)} %</td><td>${x.preemptions}</td>
-    <td>${f(x.work_lost_hours)}</td><td class="l"><a href="timeline?dag_id=${encodeURIComponent(x.dag_id)}&run_id=${encodeURIComponent(x.run_id)}&task_id=${encodeURIComponent(x.task_id)}&map_index=${x.map_index}">timeline</a></td></tr>`).join("");
+    <td>${f(x.work_lost_hours)}</td><td class="l"><a href="timeline?dag_id=${encodeURIComponent(x.dag_id)}&run_id=${encodeURIComponent(x.run_id)}&task_id=${encodeURIComponent(x.task_id)}&map_index=${Number(x.map_index)}">timeline</a></td></tr>`).join("");
   document.getElementById("stamp").textContent = rows.length + " task instances, updated " + new Date().toLocaleTimeString();
 }
 load(); setInterval(load, 5000); document.getElementById("dag").addEventListener("change", load);
@@ -131,7 +141,7 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     return "".join(parts)
 
 
-@app.get("/timeline", response_class=HTMLResponse)
+@app.get("/timeline", response_class=HTMLResponse, dependencies=CAN_READ_TI)
 def timeline(
     session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: int = Query(-1)
 ) -> str:

@@ -104,7 +104,28 @@ def test_runs_table_and_timeline_show_the_run(client, finished_run) -> None:
     assert missing.status_code == 404
 
 
-def test_plugin_registers_page_tab_and_link(client) -> None:
+def test_a_user_sees_only_the_dags_they_may_read(client, finished_run, monkeypatch) -> None:
+    """Runs of a DAG the auth manager denies are left out of the table, and its state and
+    timeline answer 403 (a login alone must not read every DAG's runs)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    dag_id, run_id = finished_run
+    headers = _token(client)
+    am = type(get_auth_manager())
+    monkeypatch.setattr(
+        am, "is_authorized_dag", lambda self, *, details=None, **kw: details.id != dag_id
+    )
+    monkeypatch.setattr(am, "get_authorized_dag_ids", lambda self, **kw: {"some_other_dag"})
+    rows = client.get("/spot-training/api/runs", headers=headers).json()
+    assert all(r["dag_id"] != dag_id for r in rows)
+    for path in ("/spot-training/api/run", "/spot-training/timeline"):
+        got = client.get(
+            path, params={"dag_id": dag_id, "run_id": run_id, "task_id": "train"}, headers=headers
+        )
+        assert got.status_code == 403, (path, got.status_code)
+
+
+def test_plugin_registers_page_tab_and_link(client, monkeypatch) -> None:
     """Airflow lists the plugin with its nav page and task-instance tab; the operator links to it."""
     headers = _token(client)
     plugins = client.get("/api/v2/plugins", headers=headers).json()["plugins"]
@@ -120,6 +141,12 @@ def test_plugin_registers_page_tab_and_link(client) -> None:
     assert (
         SpotTimelineLink().get_link(None, ti_key=Key())
         == "/spot-training/timeline?dag_id=d&run_id=r%2B1&task_id=t&map_index=-1"
+    )
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://example.com/airflow/")  # a sub-path
+    assert (
+        SpotTimelineLink()
+        .get_link(None, ti_key=Key())
+        .startswith("/airflow/spot-training/timeline?")
     )
 
 
