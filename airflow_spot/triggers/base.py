@@ -27,22 +27,44 @@ class SpotPollingTrigger(BaseTrigger):
     def poll(self) -> SpotEvent | None:
         raise NotImplementedError
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        try:
-            while True:
-                event = await asyncio.to_thread(self.poll)
-                if event is not None:
-                    yield TriggerEvent(event.to_payload())
-                    return
-                await asyncio.sleep(self.poll_interval)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - report, so the operator decides what to do
-            import time
+    max_errors = 3  # consecutive failed polls before the operator is woken with ERROR
 
-            self.log.exception("Watching failed; waking the operator to decide.")
-            yield TriggerEvent(
-                SpotEvent(
-                    EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}"
-                ).to_payload()
-            )
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll until an event; a failed poll (a network blip, a throttled API) is tried again
+        with a growing pause, and only ``max_errors`` failures in a row end the watch."""
+        import time
+
+        errors = 0
+        while True:
+            try:
+                event = await asyncio.to_thread(self.poll)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - report, so the operator decides what to do
+                errors += 1
+                if errors >= self.max_errors:
+                    self.log.exception(
+                        "Watching failed %d times in a row; waking the operator to decide.", errors
+                    )
+                    yield TriggerEvent(
+                        SpotEvent(
+                            EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}"
+                        ).to_payload()
+                    )
+                    return
+                pause = min(60.0, self.poll_interval * 2**errors)
+                self.log.warning(
+                    "Watching failed (%s: %s); trying again in %.1f s (%d/%d).",
+                    type(e).__name__,
+                    e,
+                    pause,
+                    errors,
+                    self.max_errors,
+                )
+                await asyncio.sleep(pause)
+                continue
+            errors = 0
+            if event is not None:
+                yield TriggerEvent(event.to_payload())
+                return
+            await asyncio.sleep(self.poll_interval)

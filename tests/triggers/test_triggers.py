@@ -26,8 +26,9 @@ def _subclasses(cls):
 
 
 def test_every_trigger_is_listed_here() -> None:
-    """Every SpotPollingTrigger subclass is covered by the round-trip test."""
-    assert set(_subclasses(SpotPollingTrigger)) == set(ALL_TRIGGERS)
+    """Every SpotPollingTrigger subclass of the package is covered by the round-trip test."""
+    ours = {c for c in _subclasses(SpotPollingTrigger) if c.__module__.startswith("airflow_spot.")}
+    assert ours == set(ALL_TRIGGERS)
 
 
 def _kwargs(cls, tmp_path: Path) -> dict:
@@ -166,6 +167,26 @@ def test_watcher_failure_becomes_an_error_event(tmp_path: Path) -> None:
     )
     ev = _run_first(trig)
     assert ev.kind is EventKind.ERROR and "missing" in ev.message
+
+
+def test_a_passing_poll_failure_is_tried_again(tmp_path: Path) -> None:
+    """Two failed polls (a network blip), then the condition: the watch goes on and reports
+    it; failures only end the watch when they keep coming."""
+
+    class Flaky(SpotPollingTrigger):
+        def __init__(self, fail: int) -> None:
+            super().__init__(poll_interval=0.01, fail=fail)
+            self.left = fail
+
+        def poll(self):
+            if self.left:
+                self.left -= 1
+                raise ConnectionError("connection reset by peer")
+            return SpotEvent(EventKind.CONDITION_MET, time.time())
+
+    assert _run_first(Flaky(2)).kind is EventKind.CONDITION_MET
+    ev = _run_first(Flaky(3))
+    assert ev.kind is EventKind.ERROR and "connection reset" in ev.message
 
 
 @pytest.mark.parametrize("kind", list(EventKind))
