@@ -127,6 +127,23 @@ def _simulate(args: argparse.Namespace) -> int:
             for i, t in enumerate(traces)
             for w in random_windows(t, args.windows, length, args.seed + i)
         ]
+    span_h = min(len(t) for t in traces) * traces[0].gap_s / 3600
+    longest = max(args.deadline or [60.0])
+    if longest > span_h + 1e-9:
+        raise ConfigError(
+            "--deadline",
+            f"{longest:g} h is longer than the shortest trace or window ({span_h:g} h): the "
+            "simulator would count the time after its end as spot down; give a longer "
+            "--window or a shorter deadline",
+        )
+    if args.trace_prices:
+        unpriced = [t.name for t in traces if t.prices is None]
+        if unpriced:
+            print(
+                f"airflow-spot: {len(unpriced)} of {len(traces)} traces carry no spot prices "
+                f"(e.g. {unpriced[0]}); they are billed at --spot-price ${args.spot_price}/h",
+                file=sys.stderr,
+            )
     on_demand = _on_demand_price(args, traces)
     policies = args.policy or ["greedy", "uniform_progress", "deadline_aware", "omniscient"]
     settings = [

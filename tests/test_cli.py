@@ -133,6 +133,7 @@ def test_trace_prices_bill_on_demand_at_the_traces_own_price(capsys) -> None:
         (["--window", "200h"], "--window: 200 h is longer than 1 trace"),
         (["--changeover", "0.123h"], "--changeover: omniscient needs whole seconds"),
         (["--gap", "700s"], "--gap: can only resample"),
+        (["--deadline", "100h"], "--deadline: 100 h is longer than the shortest trace"),
     ],
 )
 def test_bad_sweep_settings_are_errors_naming_the_flag(extra, message, capsys) -> None:

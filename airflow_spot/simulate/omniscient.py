@@ -21,6 +21,9 @@ from airflow_spot.policy import JobSpec
 INF = np.float64(1e18)
 
 
+MAX_BYTES = 4 * 2**30
+
+
 def omniscient_costs(
     available: np.ndarray, job: JobSpec, spot_prices: np.ndarray | None = None
 ) -> np.ndarray:
@@ -41,6 +44,13 @@ def omniscient_costs(
     unit = math.gcd(math.gcd(gap, d), work)
     p_total, g = work // unit, gap // unit
     j_cap = max(1, -(-d // gap))
+    need = 3 * n_win * (1 + 2 * j_cap) * (p_total + 1) * 8  # value, next and a temporary
+    if need > MAX_BYTES:
+        raise ValueError(
+            f"omniscient would need {need / 2**30:.1f} GiB: the tick ({gap} s), changeover "
+            f"({d} s) and work ({work} s) share only a {unit} s unit; round the changeover and "
+            "work to whole minutes (or fewer windows at once)"
+        )
     t_max = math.ceil(job.deadline_s / gap)
     od_tick = job.on_demand_price * gap / 3600.0
     if spot_prices is None:

@@ -127,3 +127,12 @@ def test_replay_reports_the_last_runs_seen_whole() -> None:
     assert seen[4] == (600.0, None, None)  # the first run (3 looks) was not seen from its start
     assert seen[5] == (0.0, None, 1200.0)  # the outage of 2 looks was
     assert seen[9] == (0.0, 600.0, 1800.0)
+
+
+def test_omniscient_refuses_a_unit_that_would_exhaust_memory() -> None:
+    """A changeover of 601 s on 600 s ticks leaves a 1 s unit: 300 windows would need ~6 GiB,
+    so it says so and how to fix it instead of swapping the machine to death."""
+    avail = np.ones((300, 554), dtype=bool)
+    job = JobSpec(48 * HOUR, 60 * HOUR, 601.0, tick_s=600.0)
+    with pytest.raises(ValueError, match="GiB: .* round the changeover"):
+        omniscient_costs(avail, job)
