@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -239,11 +239,56 @@ class SpotTrainingOperator(BaseOperator):
                 context["ti"].try_number,
                 len(state.attempts),
             )
+        elif raw and raw.get("finished"):
+            # this task instance already finished its job (retried or cleared after success):
+            # the checkpoint holds all the work, so report that job again rather than a new
+            # one that "trains" nothing at 100 % savings
+            self.log.info(
+                "This task instance already finished its job (checkpoint %s); returning its "
+                "summary. To train again, delete the checkpoints under %s or template "
+                "checkpoint_uri per run.",
+                (raw["finished"].get("final_checkpoint") or {}).get("uri"),
+                self.checkpoint_uri,
+            )
+            return raw["finished"]
         else:
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
                 self._retire(store, JobState.from_dict(raw))
+            else:
+                self._check_earlier_checkpoints()
             state = self._new_state(time.time())
         return self._step(context, state, None)
+
+    def _check_earlier_checkpoints(self) -> None:
+        """A new job whose checkpoint_uri already holds work from before it (a URI not
+        templated per run): complete work is an error (nothing would be trained, and the run
+        would report 100 % savings); partial work is resumed, with a warning."""
+        from airflow_spot.checkpoint.manifest import Checkpoints
+        from airflow_spot.checkpoint.stores import open_store
+
+        m = Checkpoints(open_store(str(self.checkpoint_uri))).latest_manifest()
+        if m is None:
+            return
+        total = self.total_steps or m.total_steps
+        saved = datetime.fromtimestamp(m.created, timezone.utc).isoformat(timespec="seconds")
+        if total and m.step >= total:
+            raise ConfigError(
+                "checkpoint_uri",
+                f"{self.checkpoint_uri} already holds a complete checkpoint (step {m.step} of "
+                f"{total}, saved {saved}) from before this task instance started, so there is "
+                "nothing to train; template it per run (e.g. '.../{{ ds }}' or "
+                "'.../{{ run_id }}') or delete those checkpoints to train again (nothing was "
+                "deleted)",
+            )
+        self.log.warning(
+            "checkpoint_uri %s already holds step %d of %s (saved %s) from before this task "
+            "instance started: resuming from it. Template checkpoint_uri per run to start each "
+            "run afresh.",
+            self.checkpoint_uri,
+            m.step,
+            total,
+            saved,
+        )
 
     def _retire(self, store: Any, old: JobState) -> None:
         """Before a new job replaces one that failed for good: stop any attempt it left

@@ -1,0 +1,77 @@
+"""A new job whose checkpoint_uri already holds work from before it (a URI not templated per
+run): complete work is an error naming the field, partial work is resumed with a warning, and
+a task instance that already finished returns its own summary instead of a new empty job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.backends.local import LocalBackend
+from airflow_spot.checkpoint import Checkpoints, LocalStore
+from airflow_spot.exceptions import ConfigError
+from airflow_spot.operators import SpotTrainingOperator
+from airflow_spot.operators.spot_training import STATE_KEY
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+
+STEPS = 20
+
+
+def _op(tmp_path: Path) -> SpotTrainingOperator:
+    trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
+    command = [sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", str(STEPS)]
+    return SpotTrainingOperator(
+        task_id="train",
+        command=[*command, "--step-seconds", "0.01", "--save-every", "5"],
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        expected_compute=timedelta(seconds=1),
+        total_steps=STEPS,
+        deadline=timedelta(seconds=60),
+        changeover=timedelta(seconds=0.1),
+        policy="greedy",
+        backend=LocalBackend(
+            trace=str(trace), polarity="available", time_scale=1.0, work_dir=str(tmp_path / "runs")
+        ),
+        decision_interval=timedelta(seconds=0.5),
+        poll_interval=0.05,
+        deferrable=False,
+    )
+
+
+def test_complete_work_from_an_earlier_run_is_an_error_and_a_finished_ti_reports_itself(
+    tmp_path: Path,
+) -> None:
+    first = FileTaskStateStore(tmp_path / "run1.json")
+    summary = _op(tmp_path).execute(make_context(first))
+    assert summary["final_checkpoint"]["step"] == STEPS
+    # the same task instance again (retried or cleared after success): its own job, not a new one
+    assert _op(tmp_path).execute(make_context(first)) == summary
+    assert len(first.get(STATE_KEY)["attempts"]) == 1
+    # the next DAG run with the same, untemplated URI: nothing would be trained
+    second = FileTaskStateStore(tmp_path / "run2.json")
+    with pytest.raises(
+        ConfigError, match=r"checkpoint_uri: .* complete checkpoint \(step 20 of 20"
+    ):
+        _op(tmp_path).execute(make_context(second))
+    assert second.get(STATE_KEY) is None
+    assert Checkpoints(LocalStore(tmp_path / "ckpt")).latest_valid().step == STEPS  # kept
+
+
+def test_partial_work_from_an_earlier_run_is_resumed_with_a_warning(tmp_path: Path, capfd) -> None:
+    op = _op(tmp_path)
+    store = FileTaskStateStore(tmp_path / "run1.json")
+    # an earlier run's training got to step 10 (the logreg example's own checkpoint format)
+    earlier = [*op.command]
+    earlier[earlier.index("--steps") + 1] = "10"
+    env = {"AIRFLOW_SPOT_CHECKPOINT_URI": str(tmp_path / "ckpt"), "PATH": "/usr/bin:/bin"}
+    subprocess.run(earlier, env=env, check=True)
+    assert Checkpoints(LocalStore(tmp_path / "ckpt")).latest_valid().step == 10
+    summary = op.execute(make_context(store))
+    out, err = capfd.readouterr()
+    assert "already holds step 10 of 20" in out + err
+    assert summary["attempts"][0]["step_start"] == 10
+    assert summary["final_checkpoint"]["step"] == STEPS
