@@ -151,35 +151,58 @@ class Checkpoints:
             out[fname] = data
         return out
 
-    def _is_valid(self, name: str) -> bool:
+    def _retain(self, saved: str) -> None:
+        """Keep the newest ``keep`` checkpoints, always including ``saved``; delete the rest.
+
+        A checkpoint *newer* than ``saved`` exists only when training resumed from an older one
+        because it was torn or corrupt: it is hashed (once per instance) and deleted if invalid,
+        so it neither counts toward ``keep`` (pushing out every good one) nor stays
+        (``latest_manifest()`` would report its step as progress). Older ones are not re-read
+        (``saved`` is known good). Retention never fails a save: the new checkpoint is already
+        complete, so a read or delete error here is only logged.
+        """
+        try:
+            kept: list[str] = []
+            for name in self.manifests():  # newest first
+                if name == saved:
+                    kept.append(name)
+                    continue
+                if name > saved:
+                    valid = self._valid_or_none(name)
+                    if valid is None:  # could not be read now: keep it, do not count it
+                        continue
+                    if valid:
+                        kept.append(name)
+                        continue
+                elif len(kept) < self.keep:
+                    kept.append(name)
+                    continue
+                self._delete(name)
+            if kept:
+                # data left behind by saves that never wrote their manifest, older than any kept
+                oldest = min(kept)
+                for key in self.store.list("ckpt-"):
+                    if key.split("/")[0] < oldest:
+                        self.store.delete(key)
+        except Exception as e:  # noqa: BLE001 - the checkpoint just saved is complete already
+            log.warning("Checkpoint retention after %s did not finish: %s", saved, e)
+
+    def _valid_or_none(self, name: str) -> bool | None:
+        """True/False once hashed (cached); None if it could not be read (a passing error)."""
         if name in self._verified:
             return True
         try:
             self.verify(name)
         except CheckpointError as e:
-            log.warning("Deleting checkpoint %s: %s.", name, e)
+            log.warning("Deleting checkpoint %s, newer than the one just saved: %s.", name, e)
             return False
+        except Exception as e:  # noqa: BLE001 - a store hiccup is not a corrupt checkpoint
+            log.warning("Could not check checkpoint %s (%s); keeping it.", name, e)
+            return None
         return True
 
-    def _retain(self, saved: str) -> None:
-        """Keep the newest ``keep`` *valid* checkpoints, always including ``saved``.
-
-        Validity, not step, decides: after resuming from an older checkpoint because a newer
-        one was corrupt, the corrupt one must neither count toward ``keep`` (it would push out
-        every good one) nor stay (``latest_manifest()`` would report its step as progress).
-        Each checkpoint is hashed at most once per instance.
-        """
-        kept: list[str] = []
-        for name in self.manifests():  # newest first
-            if name == saved or (len(kept) < self.keep and self._is_valid(name)):
-                kept.append(name)
-                continue
-            self._verified.discard(name)
-            self.store.delete(f"{name}/{MANIFEST}")  # invisible first, then its data
-            for key in self.store.list(name + "/"):
-                self.store.delete(key)
-        # data left behind by saves that never wrote their manifest, older than the oldest kept
-        oldest = min(kept)
-        for key in self.store.list("ckpt-"):
-            if key.split("/")[0] < oldest:
-                self.store.delete(key)
+    def _delete(self, name: str) -> None:
+        self._verified.discard(name)
+        self.store.delete(f"{name}/{MANIFEST}")  # invisible first, then its data
+        for key in self.store.list(name + "/"):
+            self.store.delete(key)

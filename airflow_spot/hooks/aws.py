@@ -164,12 +164,8 @@ class SpotMarketHook(AwsBaseHook):
             return self.client()
         if region not in self._clients:
             try:
-                self._clients[region] = self.get_session().client(
-                    "ec2",
-                    region_name=region,
-                    endpoint_url=self.conn_config.endpoint_url,
-                    config=self.config,
-                )
+                # the provider's own path: the connection's verify, config, endpoint, user agent
+                self._clients[region] = self.get_client_type(region_name=region)
             except Exception as e:  # noqa: BLE001 - as client(): the connection's fault
                 raise ConfigError(
                     "aws_conn_id",
@@ -315,7 +311,7 @@ class SpotMarketHook(AwsBaseHook):
                         {
                             "Type": "TERM_MATCH",
                             "Field": "regionCode",
-                            "Value": self.region_name or "us-east-1",
+                            "Value": self.region_name or self.client().meta.region_name,
                         },
                     ],
                     MaxResults=1,

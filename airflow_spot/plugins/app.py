@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Query
@@ -33,8 +33,19 @@ CAN_READ_TI = [Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)
 def runs(session: SessionDep, user: GetUserDep, dag_id: str | None = None) -> list[dict[str, Any]]:
     """One row per spot training task instance the user may read, newest first (``dag_id``
     filters)."""
-    allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
-    return [r for r in load_rows(session, dag_id) if r["dag_id"] in allowed]
+    rows = load_rows(session, dag_id)
+    am = get_auth_manager()
+    allowed = {  # the same check as a run's state and timeline: read its task instances
+        d
+        for d in {r["dag_id"] for r in rows}
+        if am.is_authorized_dag(
+            method="GET",
+            access_entity=DagAccessEntity.TASK_INSTANCE,
+            details=DagDetails(id=d),
+            user=user,
+        )
+    }
+    return [r for r in rows if r["dag_id"] in allowed]
 
 
 @app.get("/api/run", dependencies=CAN_READ_TI)
@@ -73,7 +84,7 @@ async function load() {
     <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}</td><td class="l">${e(x.state)}</td>
     <td class="l ${x.now == "failed" ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
     <td>${f(x.estimated_finish_hours)}</td><td>${f(x.spot_hours)}</td><td>${f(x.on_demand_hours)}</td><td>${f(x.idle_hours)}</td>
-    <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${f(100 * x.savings, 1)} %</td><td>${x.preemptions}</td>
+    <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${f(100 * x.savings, 1)} %</td><td>${Number(x.preemptions)}</td>
     <td>${f(x.work_lost_hours)}</td><td class="l"><a href="timeline?dag_id=${encodeURIComponent(x.dag_id)}&run_id=${encodeURIComponent(x.run_id)}&task_id=${encodeURIComponent(x.task_id)}&map_index=${Number(x.map_index)}">timeline</a></td></tr>`).join("");
   document.getElementById("stamp").textContent = rows.length + " task instances, updated " + new Date().toLocaleTimeString();
 }
@@ -112,7 +123,7 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
             f"{s['capacity']} {s['phase']} {s['start_s'] / 3600:.2f}-{s['end_s'] / 3600:.2f} h {s.get('pool') or ''} ${s.get('price_per_h', 0):.2f}/h"
         )
         parts.append(
-            f'<rect class="seg {s["capacity"]} {s["phase"]}" x="{x0:.1f}" y="10" width="{max(x1 - x0, 0.5):.1f}" height="24" fill="{color}"><title>{label}</title></rect>'
+            f'<rect class="seg {html.escape(str(s["capacity"]))} {html.escape(str(s["phase"]))}" x="{x0:.1f}" y="10" width="{max(x1 - x0, 0.5):.1f}" height="24" fill="{color}"><title>{label}</title></rect>'
         )
         if s.get("ended_by") == "preempted":
             parts.append(
@@ -128,7 +139,7 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     for a in summary.get("attempts") or []:
         if a.get("checkpoint_step_end") and a.get("end_h") is not None:
             parts.append(
-                f'<circle class="checkpoint" cx="{x(a["end_h"]):.1f}" cy="42" r="3" fill="#5c7cfa"><title>checkpoint step {a["checkpoint_step_end"]}</title></circle>'
+                f'<circle class="checkpoint" cx="{x(a["end_h"]):.1f}" cy="42" r="3" fill="#5c7cfa"><title>checkpoint step {int(a["checkpoint_step_end"])}</title></circle>'
             )
     parts.append(
         f'<line class="deadline" x1="{x(deadline):.1f}" y1="5" x2="{x(deadline):.1f}" y2="200" stroke="black" stroke-dasharray="4 3"/>'
@@ -165,7 +176,7 @@ def timeline(
         f"cost <b>${summary.get('cost', 0):.2f}</b> vs ${summary.get('on_demand_cost', 0):.2f} all on-demand "
         f"(savings <b>{100 * summary.get('savings', 0):.1f} %</b>), spot {summary.get('spot_hours', 0):.2f} h, "
         f"on-demand {summary.get('on_demand_hours', 0):.2f} h, idle {summary.get('idle_hours', 0):.2f} h, "
-        f"preemptions <b>{state.get('preemptions', 0)}</b>, work lost {summary.get('work_lost_hours', 0):.2f} h, "
+        f"preemptions <b>{int(state.get('preemptions') or 0)}</b>, work lost {summary.get('work_lost_hours', 0):.2f} h, "
         f"deadline {html.escape(_iso_h(state.get('deadline_at')))}: " + _verdict(state, summary)
     )
     return (
@@ -185,9 +196,9 @@ def _verdict(state: dict, summary: dict) -> str:
         )
     if state.get("finished"):
         met = summary.get("deadline_met")
-        return (
-            f"<b>{'met' if met else 'missed'}</b> (finished at {summary.get('finished_hours')} h)"
-        )
+        fin = summary.get("finished_hours")
+        at = f" (finished at {fin:.2f} h)" if isinstance(fin, (int, float)) else ""
+        return f"<b>{'met' if met else 'missed'}</b>{at}"
     est = summary.get("estimated_finish_hours")
     return "running" + (f", estimated finish {est:.2f} h" if isinstance(est, (int, float)) else "")
 

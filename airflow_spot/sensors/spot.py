@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,5 +131,5 @@ class SpotPriceSensor(DeferrableSpotSensor):
 
 
 def _number(v: object) -> bool:
-    """A real, finite number (not a bool, not a string like "1.10")."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A real, finite number (numpy's too; not a bool, not a string like "1.10")."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

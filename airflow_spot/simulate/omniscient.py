@@ -44,13 +44,6 @@ def omniscient_costs(
     unit = math.gcd(math.gcd(gap, d), work)
     p_total, g = work // unit, gap // unit
     j_cap = max(1, -(-d // gap))
-    need = 3 * n_win * (1 + 2 * j_cap) * (p_total + 1) * 8  # value, next and a temporary
-    if need > MAX_BYTES:
-        raise ValueError(
-            f"omniscient would need {need / 2**30:.1f} GiB: the tick ({gap} s), changeover "
-            f"({d} s) and work ({work} s) share only a {unit} s unit; round the changeover and "
-            "work to whole minutes (or fewer windows at once)"
-        )
     t_max = math.ceil(job.deadline_s / gap)
     od_tick = job.on_demand_price * gap / 3600.0
     if spot_prices is None:
@@ -67,6 +60,14 @@ def omniscient_costs(
     def band(t: int) -> tuple[int, int]:
         return max(0, p_total - (t_max - t) * g), min(p_total, t * g)
 
+    width = max(hi - lo + 1 for lo, hi in map(band, range(t_max + 1)))
+    need = 3 * n_win * (1 + 2 * j_cap) * width * 8  # value, next and a temporary
+    if need > MAX_BYTES:
+        raise ValueError(
+            f"omniscient would need {need / 2**30:.1f} GiB for {n_win} windows: the tick "
+            f"({gap} s), changeover ({d} s) and work ({work} s) share only a {unit} s unit; "
+            "round the changeover and work to whole minutes"
+        )
     n_states = 1 + 2 * j_cap  # 0 idle; 1..J spot after j intervals; J+1..2J on-demand
     lo, hi = band(0)
     value = np.full((n_win, n_states, hi - lo + 1), INF)

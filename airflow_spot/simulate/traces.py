@@ -187,7 +187,7 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
             "(0/1 flags or instance counts)",
         )
     top = int(data.max())
-    if top > 1 or (nodes is not None and polarity is None):
+    if top > 1 or nodes is not None:
         avail = _counts_to_available(p, data, nodes, polarity)
     else:
         if polarity is None:
@@ -215,6 +215,12 @@ def _counts_to_available(
     p: Path, data: np.ndarray, nodes: int | None, polarity: Polarity | None
 ) -> np.ndarray:
     if polarity == "unavailable":
+        if int(data.max()) <= 1:  # a 0/1 file read as counts because nodes was given
+            raise TraceFormatError(
+                "nodes",
+                f"{p.name} holds 0/1 flags and polarity='unavailable' says 1 = spot down; "
+                "nodes=N reads a file as instance counts: drop nodes for this file",
+            )
         raise TraceFormatError(
             "polarity",
             f"{p.name} holds instance counts (availability); drop polarity='unavailable'",

@@ -9,7 +9,11 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_spot.exceptions import ConfigError
 from airflow_spot.triggers.events import EventKind, SpotEvent
+
+# errors that another poll will not heal: the operator hears of them at once
+PERMANENT = (ConfigError, TypeError, AttributeError, NameError, AssertionError)
 
 
 class SpotPollingTrigger(BaseTrigger):
@@ -31,7 +35,8 @@ class SpotPollingTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll until an event; a failed poll (a network blip, a throttled API) is tried again
-        with a growing pause, and only ``max_errors`` failures in a row end the watch."""
+        after a growing pause (one poll interval more each time, at most 30 s), and only
+        ``max_errors`` failures in a row, or one that another poll cannot heal, end the watch."""
         import time
 
         errors = 0
@@ -42,7 +47,7 @@ class SpotPollingTrigger(BaseTrigger):
                 raise
             except Exception as e:  # noqa: BLE001 - report, so the operator decides what to do
                 errors += 1
-                if errors >= self.max_errors:
+                if errors >= self.max_errors or isinstance(e, PERMANENT):
                     self.log.exception(
                         "Watching failed %d times in a row; waking the operator to decide.", errors
                     )
@@ -52,7 +57,7 @@ class SpotPollingTrigger(BaseTrigger):
                         ).to_payload()
                     )
                     return
-                pause = min(60.0, self.poll_interval * 2**errors)
+                pause = min(30.0, self.poll_interval * errors)
                 self.log.warning(
                     "Watching failed (%s: %s); trying again in %.1f s (%d/%d).",
                     type(e).__name__,

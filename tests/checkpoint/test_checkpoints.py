@@ -106,6 +106,35 @@ def test_retention_never_deletes_the_checkpoint_just_saved(tmp_path: Path) -> No
     assert c.manifests() == ["ckpt-000000001000", "ckpt-000000000910"]
 
 
+def test_a_store_error_during_retention_never_fails_the_save(tmp_path: Path) -> None:
+    """The new checkpoint is complete before retention runs: a passing read error on a newer
+    checkpoint keeps it (unchecked, not counted) and a failing delete is only logged."""
+
+    class Flaky(LocalStore):
+        broken = False
+
+        def get(self, key: str) -> bytes:
+            if self.broken and key.startswith("ckpt-000000000300/"):
+                raise OSError("S3 500: internal error")
+            return super().get(key)
+
+        def delete(self, key: str) -> None:
+            if self.broken:
+                raise OSError("S3 503: slow down")
+            super().delete(key)
+
+    store = Flaky(tmp_path / "c")
+    c = Checkpoints(store, keep=1)
+    for step in (100, 300):
+        c.save(step, {"w": str(step).encode()}, now=step)
+    store.broken = True
+    resumed = Checkpoints(store, keep=1)
+    assert resumed.save(210, {"w": b"210"}, now=4).step == 210
+    assert resumed.manifests() == ["ckpt-000000000300", "ckpt-000000000210"]
+    store.broken = False
+    assert resumed.load(resumed.verify("ckpt-000000000210")) == {"w": b"210"}
+
+
 @pytest.mark.parametrize(
     "name", ["../escape", "/etc/passwd", "a/../../b", "", "a//b", "weird name"]
 )

@@ -130,9 +130,9 @@ def test_replay_reports_the_last_runs_seen_whole() -> None:
 
 
 def test_omniscient_refuses_a_unit_that_would_exhaust_memory() -> None:
-    """A changeover of 601 s on 600 s ticks leaves a 1 s unit: 300 windows would need ~6 GiB,
-    so it says so and how to fix it instead of swapping the machine to death."""
-    avail = np.ones((300, 554), dtype=bool)
+    """A changeover of 601 s on 600 s ticks leaves a 1 s unit: 2,000 windows would need ~10
+    GiB, so it says so and how to fix it (before allocating anything)."""
+    avail = np.ones((2000, 554), dtype=bool)
     job = JobSpec(48 * HOUR, 60 * HOUR, 601.0, tick_s=600.0)
-    with pytest.raises(ValueError, match="GiB: .* round the changeover"):
+    with pytest.raises(ValueError, match=r"GiB for 2000 windows: .* round the changeover"):
         omniscient_costs(avail, job)

@@ -51,6 +51,11 @@ def test_multinode_counts_need_the_cluster_size(tmp_path: Path) -> None:
     assert load_trace(p, nodes=4).available.tolist() == [True, False, False, True, False]
     with pytest.raises(TraceFormatError, match="nodes: .*counts up to 4; pass nodes=N"):
         load_trace(p)
+    # counts that happen never to exceed 1 stay counts when nodes is given, whatever polarity
+    low = _json(tmp_path, [0, 1, 1, 0], name="low.json")
+    assert not load_trace(low, nodes=2, polarity="available").available.any()
+    with pytest.raises(TraceFormatError, match="nodes: .*drop nodes for this file"):
+        load_trace(low, nodes=2, polarity="unavailable")
 
 
 def test_prices_and_on_demand_price_are_read() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_spot.exceptions import ConfigError
 from airflow_spot.testing import scripted_trace
 from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
@@ -187,6 +188,14 @@ def test_a_passing_poll_failure_is_tried_again(tmp_path: Path) -> None:
     assert _run_first(Flaky(2)).kind is EventKind.CONDITION_MET
     ev = _run_first(Flaky(3))
     assert ev.kind is EventKind.ERROR and "connection reset" in ev.message
+
+    class Broken(Flaky):
+        def poll(self):
+            raise ConfigError("zones", "unknown availability zone(s)")
+
+    t0 = time.time()
+    ev = _run_first(Broken(1))  # a config error: no retry, no pause
+    assert ev.kind is EventKind.ERROR and "zones" in ev.message and time.time() - t0 < 1
 
 
 @pytest.mark.parametrize("kind", list(EventKind))

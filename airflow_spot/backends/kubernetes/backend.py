@@ -271,6 +271,7 @@ class KubernetesBackend:
         )
         if notice:
             handle["notice"] = notice  # kept: the node (and its taints) may be gone at the verdict
+            handle.setdefault("notice_at", time.time())
         if notice and pod is not None and phase == "Running" and not handle.get("notice_sent"):
             self._relay_notice(handle["pod"], notice)
             handle["notice_sent"] = True
@@ -281,6 +282,10 @@ class KubernetesBackend:
             handle.pop("start_error_since", None)
         start_error_for = (
             time.time() - handle["start_error_since"] if "start_error_since" in handle else 0.0
+        )
+        granted, started, finished = _times(pod)
+        notice_age = (
+            (finished or time.time()) - handle["notice_at"] if handle.get("notice_at") else None
         )
         gave_up = handle.get("gave_up")  # we deleted it: the 404 now is ours, not a reclaim
         verdict = (
@@ -295,6 +300,7 @@ class KubernetesBackend:
                 pending_for_s=pending_for,
                 pending_timeout_s=self.pending_timeout_s,
                 notice=handle.get("notice"),
+                notice_age_s=notice_age,
                 start_error_for_s=start_error_for,
             )
         )
@@ -302,15 +308,14 @@ class KubernetesBackend:
             # it never ran but still holds (or waits for) a node: with delete_pods="never" it
             # would start later and train beside the next attempt
             log.warning("Pod %s: %s; deleting it.", handle["pod"], verdict.reason)
-            self._delete(handle["pod"], grace=0)
             handle["gave_up"] = [verdict.verdict.value, verdict.reason, list(verdict.evidence)]
+            self._delete(handle["pod"], grace=0)
         if verdict.default_used:
             log.warning(
                 "Pod %s: no known signal (%s); treating it as an infrastructure disruption.",
                 handle["pod"],
                 verdict.reason,
             )
-        granted, started, finished = _times(pod)
         base = dict(
             capacity=handle["capacity"],
             attempt=int(handle["attempt"]),

@@ -93,6 +93,7 @@ CONTAINER_START_FATAL = {"InvalidImageName", "ErrImageNeverPull"}
 # Exit codes of a container stopped by a signal (SIGINT, SIGKILL, SIGTERM): after a relayed
 # reclaim notice these are the checkpoint helper exiting or the eviction, not the user's code.
 SIGNAL_EXITS = {130, 137, 143}
+NOTICE_WINDOW_S = 900.0  # a notice older than this at the exit no longer explains it
 # Recorded notices that are the cloud's own word that the capacity is being reclaimed
 # (``karpenter.sh/disrupted`` alone is not: Karpenter's consolidation sets it too).
 CLOUD_NOTICES = (
@@ -206,6 +207,7 @@ def classify(
     pending_for_s: float = 0.0,
     pending_timeout_s: float = 600.0,
     notice: str | None = None,
+    notice_age_s: float | None = None,
     start_error_for_s: float = 0.0,
 ) -> Classification:
     """Classify a training pod.
@@ -217,6 +219,7 @@ def classify(
     :param was_running: the pod was seen running before.
     :param pending_for_s: how long the pod has been pending unschedulable.
     :param notice: an interruption warning recorded earlier (its node may be gone now).
+    :param notice_age_s: seconds from the notice to the container's exit (None: unknown).
     :param start_error_for_s: how long a container has been unable to start (image pull or
         container config error); past ``pending_timeout_s`` the attempt fails.
     """
@@ -330,7 +333,8 @@ def classify(
     if phase == "Failed":
         codes = [_g(t, "exit_code", "exitCode") for t in terminated]
         bad = [c for c in codes if c not in (None, 0)]
-        if bad and notice and all(c in SIGNAL_EXITS for c in bad):
+        fresh = notice_age_s is None or notice_age_s <= NOTICE_WINDOW_S
+        if bad and notice and fresh and all(c in SIGNAL_EXITS for c in bad):
             return reclaimed(
                 f"stopped (exit {bad[0]}) after the reclaim notice", f"exit {bad[0]}", notice
             )

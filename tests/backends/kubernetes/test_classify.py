@@ -298,6 +298,15 @@ CASES = [
         "KF1",
     ),
     (
+        "stale-notice-then-sigkill-is-the-application",
+        pod("Failed", exit_code=137, term_reason="Error"),
+        node(KARPENTER_SPOT),
+        [],
+        {"notice": "node taint karpenter.sh/disrupted", "notice_age_s": 3600},
+        Verdict.APP_FAILURE,
+        "KP1",
+    ),
+    (
         "image-pull-backoff-briefly",
         pod("Pending", waiting="ImagePullBackOff"),
         node(EKS_SPOT),
