@@ -42,20 +42,24 @@ class SpotTrainingOperator(BaseOperator):
     """Run a training command on spot capacity, resume from checkpoints, and meet the deadline.
 
     :param command: the training command (a list of arguments, or a string split like a shell
-        would). It receives ``AIRFLOW_SPOT_CHECKPOINT_URI``, ``AIRFLOW_SPOT_NOTICE_FILE``,
-        ``AIRFLOW_SPOT_PROGRESS_FILE``, ``AIRFLOW_SPOT_CAPACITY`` and ``AIRFLOW_SPOT_ATTEMPT``;
+        would). It receives ``AIRFLOW_SPOT_CHECKPOINT_URI``, ``AIRFLOW_SPOT_CAPACITY`` and
+        ``AIRFLOW_SPOT_ATTEMPT``; on the local backend also ``AIRFLOW_SPOT_NOTICE_FILE`` and
+        ``AIRFLOW_SPOT_PROGRESS_FILE``, on Kubernetes ``AIRFLOW_SPOT_NOTICE_ANNOTATIONS`` (the
+        downward-API file carrying the reclaim notice).
         :class:`airflow_spot.checkpoint.training.TrainingSession` reads them. Templated.
     :param checkpoint_uri: where checkpoints live: a path, ``file:///path`` or
         ``s3://bucket/prefix``. Progress is read from its newest checkpoint. Templated.
     :param expected_compute: compute time the whole job needs on the reference capacity
         (first estimate; replaced by the measured throughput once steps are seen).
-    :param total_steps: steps of the whole job (else read from the checkpoints' manifests).
+    :param total_steps: steps of the whole job; required unless ``checkpoint_uri`` already
+        holds a checkpoint whose manifest records them.
     :param deadline: when the work must be done: a timezone-aware ``datetime``, a ``timedelta``
-        from the start of the task, or a string (ISO datetime, or a duration such as ``"6h"``).
-        Templated.
+        from the start of the task, or a string (an ISO datetime *with* its time zone, or a
+        duration such as ``"6h"``). Templated, so a string is checked when the task starts.
     :param changeover: estimated launch + restore time of one attempt (replaced by the measured one).
     :param policy: a policy name (``deadline_aware``, ``uniform_progress``, ``greedy``,
-        ``last_attempt_on_demand``, ``on_demand``).
+        ``last_attempt_on_demand``, ``on_demand``, ``slack_reserve``), or
+        ``deadline_aware@<prior>`` with a shipped prior (``aws-p3``, ``gcp-h100``, ``us-west-2a``).
     :param spot_price: spot price per hour (for the ledger and the policy).
     :param on_demand_price: on-demand price per hour.
     :param max_preemptions: preemptions tolerated (``None`` = unlimited); past it, see
@@ -66,7 +70,8 @@ class SpotTrainingOperator(BaseOperator):
     :param backend: ``"local"`` (the embedded default) or a backend object such as
         :class:`airflow_spot.backends.local.LocalBackend`.
     :param decision_interval: how often to decide again when nothing happens.
-    :param poll_interval: seconds between looks at the attempt while deferred.
+    :param poll_interval: seconds between looks at the attempt (in the trigger while deferred,
+        in the worker otherwise), and before looking again while a reclaim verdict is due.
     :param deferrable: wait in the triggerer (default) or in the worker.
     """
 
