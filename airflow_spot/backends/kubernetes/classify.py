@@ -173,9 +173,14 @@ def interruption_notice(node: Any, events: Iterable[Any] = ()) -> str | None:
 
 
 def container_start_error(pod: Any) -> tuple[str, str] | None:
-    """(reason, message) of a container waiting on an error that keeps it from starting."""
+    """(reason, message) of a container (init containers included) waiting on an error that
+    keeps it from starting."""
     status = _g(_d(pod), "status") or {}
-    for cs in _g(status, "container_statuses", "containerStatuses") or []:
+    statuses = [
+        *(_g(status, "init_container_statuses", "initContainerStatuses") or []),
+        *(_g(status, "container_statuses", "containerStatuses") or []),
+    ]
+    for cs in statuses:
         w = _g(_g(cs, "state") or {}, "waiting")
         reason = _g(w, "reason") or ""
         if reason in CONTAINER_START_ERRORS or reason in CONTAINER_START_FATAL:

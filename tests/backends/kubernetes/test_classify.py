@@ -542,6 +542,24 @@ def test_api_json_dicts_classify_like_models() -> None:
     assert classify(raw2).verdict is Verdict.OOM_KILLED
 
 
+def test_an_init_container_that_cannot_start_fails_the_attempt() -> None:
+    """An image pull error on an init container (API JSON) counts like one on the main one."""
+    raw = {
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [
+                {"name": "fetch", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+            ],
+            "containerStatuses": [
+                {"name": "train", "state": {"waiting": {"reason": "PodInitializing"}}}
+            ],
+        }
+    }
+    assert classify(raw, start_error_for_s=30).verdict is Verdict.PENDING
+    got = classify(raw, start_error_for_s=900)
+    assert got.verdict is Verdict.APP_FAILURE and "ImagePullBackOff" in got.reason
+
+
 def test_safe_default_is_flagged() -> None:
     """An unknown shape is flagged so the caller logs it."""
     assert classify(pod("Unknown"), node(ON_DEMAND)).default_used
