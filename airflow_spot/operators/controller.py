@@ -16,6 +16,7 @@ from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
 from airflow_spot.checkpoint.stores import open_store
 from airflow_spot.exceptions import (
     BackendError,
+    ConfigError,
     FailureBudgetExhausted,
     InfeasibleDeadline,
     PreemptionBudgetExhausted,
@@ -391,7 +392,15 @@ class Controller:
 
     # -- deciding ---------------------------------------------------------------------------
     def _total_steps(self, m: Manifest | None) -> int | None:
-        return self.op.total_steps or self.state.total_steps or (m.total_steps if m else None)
+        total = self.op.total_steps or self.state.total_steps
+        if total and m is not None and m.total_steps and m.total_steps != total:
+            raise ConfigError(
+                "total_steps",
+                f"the operator says {total} but the training script's checkpoints say "
+                f"{m.total_steps} (checkpoint {m.name}); make them agree (the job would stop "
+                "early or never count as done)",
+            )
+        return total or (m.total_steps if m else None)
 
     def seconds_per_step(self, total: int) -> float:
         """Market seconds per step: measured once enough steps ran, else from expected_compute."""

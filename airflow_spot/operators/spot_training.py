@@ -435,8 +435,7 @@ def default_retry_policy():
             ),
             RetryRule(
                 exception=BackendError,
-                action=RetryAction.RETRY,
-                retry_delay=timedelta(seconds=10),
+                action=RetryAction.RETRY,  # after the task's own retry_delay / backoff
                 reason="backend error: retry and re-attach",
             ),
         ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +20,10 @@ from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
 
 STEPS = 20
+
+
+class FakeStep:
+    step = 0
 
 
 def _op(tmp_path: Path) -> SpotTrainingOperator:
@@ -64,14 +69,32 @@ def test_complete_work_from_an_earlier_run_is_an_error_and_a_finished_ti_reports
 def test_partial_work_from_an_earlier_run_is_resumed_with_a_warning(tmp_path: Path, capfd) -> None:
     op = _op(tmp_path)
     store = FileTaskStateStore(tmp_path / "run1.json")
-    # an earlier run's training got to step 10 (the logreg example's own checkpoint format)
+    # an earlier run's training was stopped part-way (SIGTERM: it saves and exits 143)
     earlier = [*op.command]
-    earlier[earlier.index("--steps") + 1] = "10"
+    earlier[earlier.index("--step-seconds") + 1] = "0.05"
     env = {"AIRFLOW_SPOT_CHECKPOINT_URI": str(tmp_path / "ckpt"), "PATH": "/usr/bin:/bin"}
-    subprocess.run(earlier, env=env, check=True)
-    assert Checkpoints(LocalStore(tmp_path / "ckpt")).latest_valid().step == 10
+    proc = subprocess.Popen(earlier, env=env)
+    ckpts = Checkpoints(LocalStore(tmp_path / "ckpt"))
+    until = time.time() + 30
+    while time.time() < until and (ckpts.latest_manifest() or FakeStep).step < 5:
+        time.sleep(0.02)
+    proc.terminate()
+    assert proc.wait(30) == 143
+    done = ckpts.latest_valid().step
+    assert 5 <= done < STEPS
     summary = op.execute(make_context(store))
     out, err = capfd.readouterr()
-    assert "already holds step 10 of 20" in out + err
-    assert summary["attempts"][0]["step_start"] == 10
+    assert f"already holds step {done} of 20" in out + err
+    assert summary["attempts"][0]["step_start"] == done
     assert summary["final_checkpoint"]["step"] == STEPS
+
+
+def test_total_steps_that_disagree_with_the_scripts_checkpoints_are_an_error(
+    tmp_path: Path,
+) -> None:
+    """The operator says 10 steps, the script checkpoints a 20-step job: the job would be
+    declared done half-way. A ConfigError names total_steps instead."""
+    op = _op(tmp_path)
+    op.total_steps = 10
+    with pytest.raises(ConfigError, match="total_steps: the operator says 10 but the training"):
+        op.execute(make_context(FileTaskStateStore(tmp_path / "s.json")))

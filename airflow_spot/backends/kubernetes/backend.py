@@ -193,7 +193,13 @@ class KubernetesBackend:
             ident["dag_id"], ident["task_id"], ident["run_id"], int(ident.get("map_index", -1))
         )
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        name = pod_name(ident["dag_id"], ident["task_id"], attempt, ident["run_id"])
+        name = pod_name(
+            ident["dag_id"],
+            ident["task_id"],
+            attempt,
+            ident["run_id"],
+            int(ident.get("map_index", -1)),
+        )
         for old in self.api.list_namespaced_pod(self.namespace, label_selector=selector).items:
             log.warning(
                 "Deleting leftover pod %s of this task before attempt %d: at most one attempt pod at a time.",

@@ -48,8 +48,10 @@ def task_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[
     }
 
 
-def pod_name(dag_id: str, task_id: str, attempt: int, run_id: str) -> str:
-    digest = hashlib.sha1(f"{dag_id}/{task_id}/{run_id}".encode()).hexdigest()[:8]
+def pod_name(dag_id: str, task_id: str, attempt: int, run_id: str, map_index: int = -1) -> str:
+    """Unique per task instance (mapped ones included) and attempt; a DNS-1123 name."""
+    key = f"{dag_id}/{task_id}/{run_id}" + (f"/{map_index}" if map_index >= 0 else "")
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     base = re.sub(r"[^a-z0-9-]", "-", f"{dag_id}-{task_id}".lower()).strip("-")[:40].strip("-")
     return f"{base or 'spot'}-{digest}-a{attempt}"  # a DNS-1123 name starts with [a-z0-9]
 

@@ -335,3 +335,13 @@ def test_labels_and_names_stay_valid_and_distinct() -> None:
         assert len(v) <= 63 and v[0].isalnum() and v[-1].isalnum(), v
     name = pod_name("__", "..", 1, "r")
     assert name[0].isalnum() and len(name) <= 63, name
+
+
+def test_mapped_task_instances_get_their_own_pods(kube) -> None:
+    """Two map indexes of one task launch attempt 1 side by side without a name clash."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg)
+    h0 = b.launch({**IDENT, "map_index": 0}, 1, "spot", ["x"], checkpoint_uri="/c0")
+    h1 = b.launch({**IDENT, "map_index": 1}, 1, "spot", ["x"], checkpoint_uri="/c1")
+    assert h0["pod"] != h1["pod"]
+    assert sorted(_pod_names(b)) == sorted([h0["pod"], h1["pod"]])
