@@ -20,6 +20,10 @@ different budgets.
 
 from __future__ import annotations
 
+import math
+import numbers
+from typing import TypeGuard
+
 
 class SpotError(Exception):
     """Base of every airflow-spot error."""
@@ -67,3 +71,8 @@ class CheckpointError(SpotError):
 
 class BackendError(SpotError):
     """The backend that runs attempts failed (not the training code, not a preemption)."""
+
+
+def finite_number(v: object) -> TypeGuard[float]:
+    """A real, finite number (numpy's too; not a bool, not a string like "1.10")."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

@@ -128,10 +128,7 @@ class Controller:
 
     def _snapshot(self, now: float, job: JobSpec, obs: Observation) -> None:
         """A small live summary for the UI (the ledger so far and an estimated finish)."""
-        snap = self.summary(now, None)
-        snap.pop("decisions", None)
-        snap["finished_hours"] = None
-        snap["deadline_met"] = None  # not known until the job ends
+        snap = self._unfinished_summary(now, deadline_met=None)  # not known until it ends
         remaining = max(0.0, job.work_s - obs.done_s)
         extra = 0.0 if obs.capacity is not Capacity.NONE else job.changeover_s
         snap["estimated_finish_hours"] = round(
@@ -371,15 +368,20 @@ class Controller:
         """The task fails for good: the UI's snapshot and the metrics say the deadline is
         missed (no model comes out of this job), with what was spent until now."""
         try:
-            snap = self.summary(now, None)
+            snap = self._unfinished_summary(now, deadline_met=False)
         except Exception as e:  # noqa: BLE001 - reporting must not hide the task's own error
             log.warning("Could not summarise the failed job: %s", e)
             return
-        snap.pop("decisions", None)
-        snap["finished_hours"] = None
-        snap["deadline_met"] = False
         self.state.snapshot = snap
         self._emit(snap)
+
+    def _unfinished_summary(self, now: float, deadline_met: bool | None) -> dict[str, Any]:
+        """The ledger so far, for a job that has not finished (no decision log, no finish)."""
+        snap = self.summary(now, None)
+        snap.pop("decisions", None)
+        snap["finished_hours"] = None
+        snap["deadline_met"] = deadline_met
+        return snap
 
     def _emit(self, summary: dict[str, Any]) -> None:
         from airflow_spot.operators.metrics import emit

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
 from typing import Any
 
 from airflow.api_fastapi.app import get_auth_manager
@@ -13,7 +12,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user, requires
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
-from airflow_spot.plugins.data import load_one, load_rows
+from airflow_spot.plugins.data import _iso, load_one, load_rows
 
 app = FastAPI(title="Spot training", dependencies=[Depends(get_user)])
 COLORS = {
@@ -177,7 +176,8 @@ def timeline(
         f"(savings <b>{100 * summary.get('savings', 0):.1f} %</b>), spot {summary.get('spot_hours', 0):.2f} h, "
         f"on-demand {summary.get('on_demand_hours', 0):.2f} h, idle {summary.get('idle_hours', 0):.2f} h, "
         f"preemptions <b>{int(state.get('preemptions') or 0)}</b>, work lost {summary.get('work_lost_hours', 0):.2f} h, "
-        f"deadline {html.escape(_iso_h(state.get('deadline_at')))}: " + _verdict(state, summary)
+        f"deadline {html.escape(_iso(state.get('deadline_at')) or '?')}: "
+        + _verdict(state, summary)
     )
     return (
         f'<!doctype html><html><head><meta charset="utf-8">{refresh}<title>Spot timeline</title>'
@@ -201,9 +201,3 @@ def _verdict(state: dict, summary: dict) -> str:
         return f"<b>{'met' if met else 'missed'}</b>{at}"
     est = summary.get("estimated_finish_hours")
     return "running" + (f", estimated finish {est:.2f} h" if isinstance(est, (int, float)) else "")
-
-
-def _iso_h(ts: object) -> str:
-    if not isinstance(ts, (int, float)):
-        return "?"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

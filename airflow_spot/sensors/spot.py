@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import PokeReturnValue
 
-from airflow_spot.exceptions import ConfigError
+from airflow_spot.exceptions import ConfigError, finite_number
 from airflow_spot.sensors.base import DeferrableSpotSensor
 
 
@@ -64,12 +62,12 @@ class SpotPriceSensor(DeferrableSpotSensor):
             raise ConfigError(
                 "max_price", "give exactly one of max_price (per hour) or max_fraction_of_on_demand"
             )
-        if max_price is not None and not (_number(max_price) and max_price > 0):
+        if max_price is not None and not (finite_number(max_price) and max_price > 0):
             raise ConfigError(
                 "max_price", f"must be a number > 0 (dollars per hour), got {max_price!r}"
             )
         if max_fraction_of_on_demand is not None and not (
-            _number(max_fraction_of_on_demand) and 0 < max_fraction_of_on_demand <= 1
+            finite_number(max_fraction_of_on_demand) and 0 < max_fraction_of_on_demand <= 1
         ):
             raise ConfigError(
                 "max_fraction_of_on_demand", f"must be in (0, 1], got {max_fraction_of_on_demand!r}"
@@ -128,8 +126,3 @@ class SpotPriceSensor(DeferrableSpotSensor):
             region_name=self.region_name,
             poll_interval=float(self.poke_interval),
         )
-
-
-def _number(v: object) -> bool:
-    """A real, finite number (numpy's too; not a bool, not a string like "1.10")."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal, TypeGuard
+from typing import Literal
 
 import numpy as np
 
-from airflow_spot.exceptions import TraceFormatError
+from airflow_spot.exceptions import TraceFormatError, finite_number
 
 Polarity = Literal["available", "unavailable"]
 POLARITIES: tuple[str, ...] = ("available", "unavailable")
@@ -166,7 +165,7 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
         )
     meta = doc["metadata"]
     gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
-    if not _finite_number(gap) or gap <= 0:
+    if not finite_number(gap) or gap <= 0:
         raise TraceFormatError("trace", f"{p.name}: metadata.gap_seconds must be a positive number")
     try:
         data = np.asarray(doc["data"])
@@ -203,7 +202,7 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
     info = meta.get("price_info") if isinstance(meta, dict) else None
     if isinstance(info, dict) and info.get("on_demand_price") is not None:
         od = info["on_demand_price"]
-        if not _finite_number(od) or od <= 0:
+        if not finite_number(od) or od <= 0:
             raise TraceFormatError(
                 "trace", f"{p.name}: metadata.price_info.on_demand_price must be a positive number"
             )
@@ -234,10 +233,6 @@ def _counts_to_available(
     if nodes < 1:
         raise TraceFormatError("nodes", f"must be at least 1, got {nodes}")
     return data >= nodes
-
-
-def _finite_number(v: object) -> TypeGuard[float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _prices(p: Path, raw: object, n: int) -> np.ndarray | None:

@@ -22,8 +22,9 @@ from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trac
 STEPS = 20
 
 
-class FakeStep:
-    step = 0
+def _step(ckpts: Checkpoints) -> int:
+    m = ckpts.latest_manifest()
+    return m.step if m else 0
 
 
 def _op(tmp_path: Path) -> SpotTrainingOperator:
@@ -76,7 +77,7 @@ def test_partial_work_from_an_earlier_run_is_resumed_with_a_warning(tmp_path: Pa
     proc = subprocess.Popen(earlier, env=env)
     ckpts = Checkpoints(LocalStore(tmp_path / "ckpt"))
     until = time.time() + 30
-    while time.time() < until and (ckpts.latest_manifest() or FakeStep).step < 5:
+    while time.time() < until and _step(ckpts) < 5:
         time.sleep(0.02)
     proc.terminate()
     assert proc.wait(30) == 143
