@@ -15,6 +15,8 @@ files constantly.
 from __future__ import annotations
 
 import logging
+import numbers
+import os
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_spot.checkpoint.stores import validate_uri
-from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError
+from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError, finite_number
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.policy import get_policy
 
@@ -83,7 +85,7 @@ class SpotTrainingOperator(BaseOperator):
         self,
         *,
         command: str | list[str] | None = None,
-        checkpoint_uri: str | None = None,
+        checkpoint_uri: str | os.PathLike[str] | None = None,
         expected_compute: timedelta | None = None,
         total_steps: int | None = None,
         deadline: datetime | timedelta | str | None = None,
@@ -104,7 +106,9 @@ class SpotTrainingOperator(BaseOperator):
             kwargs["retry_policy"] = default_retry_policy()
         super().__init__(**kwargs)
         self.command = command
-        self.checkpoint_uri = checkpoint_uri
+        self.checkpoint_uri = (
+            os.fspath(checkpoint_uri) if isinstance(checkpoint_uri, os.PathLike) else checkpoint_uri
+        )
         self.expected_compute = expected_compute
         self.total_steps = total_steps
         self.deadline = deadline
@@ -121,97 +125,24 @@ class SpotTrainingOperator(BaseOperator):
         self.deferrable = deferrable
         self._validate_static()
 
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
+        """As :meth:`BaseOperator.partial`, but the arguments given here are checked now (at
+        parse time), not first when a mapped instance runs."""
+        check_arguments({k: v for k, v in kwargs.items() if k in ARGUMENTS}, partial=True)
+        return super().partial(**kwargs)
+
     # -- validation -------------------------------------------------------------------------
     def _validate_static(self) -> None:
         """Everything checkable when the DAG is parsed, without disk, network or clock."""
-        if not self.command or (
-            isinstance(self.command, (list, tuple))
-            and not all(isinstance(c, str) and c for c in self.command)
-        ):
-            raise ConfigError(
-                "command",
-                "give the training command, e.g. ['python', 'train.py'] or 'python train.py'",
-            )
-        if not self.checkpoint_uri:
-            raise ConfigError(
-                "checkpoint_uri",
-                "give where checkpoints live: a path, file:///path or s3://bucket/prefix",
-            )
-        if not _templated(self.checkpoint_uri):
-            validate_uri(self.checkpoint_uri)
-        if not isinstance(self.expected_compute, timedelta) or self.expected_compute <= timedelta(
-            0
-        ):
-            raise ConfigError(
-                "expected_compute",
-                f"must be a positive timedelta (compute the whole job needs), got {self.expected_compute!r}",
-            )
-        if self.total_steps is not None and (
-            not isinstance(self.total_steps, int) or self.total_steps < 1
-        ):
-            raise ConfigError(
-                "total_steps", f"must be a positive integer or None, got {self.total_steps!r}"
-            )
-        if not isinstance(self.changeover, timedelta) or self.changeover < timedelta(0):
-            raise ConfigError("changeover", f"must be a timedelta >= 0, got {self.changeover!r}")
-        get_policy(self.policy)
-        for name in ("max_preemptions", "max_failures"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 0):
-                raise ConfigError(
-                    name,
-                    f"must be an integer >= 0{' or None' if name == 'max_preemptions' else ''}, got {v!r}",
-                )
-        if self.on_preemption_budget not in PREEMPTION_ACTIONS:
-            raise ConfigError(
-                "on_preemption_budget",
-                f"must be one of {PREEMPTION_ACTIONS}, got {self.on_preemption_budget!r}",
-            )
-        for name in ("spot_price", "on_demand_price"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or v < 0 or (name == "on_demand_price" and v == 0):
-                raise ConfigError(
-                    name,
-                    f"must be a price per hour {'> 0' if name == 'on_demand_price' else '>= 0'}, got {v!r}",
-                )
-        if not isinstance(self.decision_interval, timedelta) or self.decision_interval <= timedelta(
-            0
-        ):
-            raise ConfigError("decision_interval", "must be a positive timedelta")
-        if not (isinstance(self.poll_interval, (int, float)) and self.poll_interval > 0):
-            raise ConfigError("poll_interval", f"must be > 0 seconds, got {self.poll_interval!r}")
-        if isinstance(self.backend, str) and self.backend != "local":
-            raise ConfigError(
-                "backend",
-                f"unknown backend {self.backend!r}; use 'local', LocalBackend(...) or KubernetesBackend(image=...)",
-            )
-        if self.deadline is None:
-            raise ConfigError(
-                "deadline",
-                "give a deadline: a datetime, a timedelta from the task's start, or '6h'",
-            )
-        if isinstance(self.deadline, timedelta):
-            self._check_deadline_span(self.deadline)
-        elif isinstance(self.deadline, datetime) and self.deadline.tzinfo is None:
-            raise ConfigError(
-                "deadline",
-                "a datetime deadline must be timezone-aware (e.g. pendulum or tzinfo=timezone.utc)",
-            )
-        elif not isinstance(self.deadline, (datetime, str)):
-            raise ConfigError(
-                "deadline",
-                f"must be a datetime, a timedelta or a string, got {type(self.deadline).__name__}",
-            )
+        check_arguments({name: getattr(self, name) for name in ARGUMENTS})
 
     def _check_deadline_span(self, span: timedelta) -> None:
         assert self.expected_compute is not None  # validated before
-        need = self.expected_compute + self.changeover
-        if span <= timedelta(0) or span < need:
-            raise ConfigError(
-                "deadline",
-                f"{_h(span)} from the start is shorter than the work ({_h(self.expected_compute)}) plus one "
-                f"changeover ({_h(self.changeover)}); move the deadline later or cut the work",
-            )
+        check_span(span, self.expected_compute, self.changeover)
+        check_decision_interval(
+            self.decision_interval, span - self.expected_compute - self.changeover
+        )
 
     def _resolve_deadline(self, started_at: float) -> float:
         """The deadline as wall-clock seconds, once templates are rendered (task start)."""
@@ -414,6 +345,224 @@ class SpotTrainingOperator(BaseOperator):
             poll_interval=self.poll_interval,
             cooling=cooling or None,
         )
+
+
+# the arguments checked at parse time (and, for partial(), those given to it)
+ARGUMENTS = (
+    "command",
+    "checkpoint_uri",
+    "expected_compute",
+    "total_steps",
+    "deadline",
+    "changeover",
+    "policy",
+    "spot_price",
+    "on_demand_price",
+    "max_preemptions",
+    "on_preemption_budget",
+    "max_failures",
+    "backend",
+    "decision_interval",
+    "poll_interval",
+)
+REQUIRED = {
+    "command": "give the training command, e.g. ['python', 'train.py'] or 'python train.py'",
+    "checkpoint_uri": "give where checkpoints live: a path, file:///path or s3://bucket/prefix",
+    "deadline": "give a deadline: a datetime, a timedelta from the task's start, or '6h'",
+}
+BACKEND_METHODS = ("launch", "status", "cancel", "market_spec", "to_dict")
+MIN_DECISION_INTERVAL = timedelta(seconds=0.1)
+MIN_POLL_INTERVAL = 0.01
+
+
+def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
+    """Check the operator's arguments that are present in ``values``, each naming its field.
+
+    Values resolved later (a Jinja template, an ``XComArg``) are checked when the task starts.
+    With ``partial`` (``SpotTrainingOperator.partial(...)``), a missing argument may still come
+    from ``expand()`` and is not an error.
+    """
+    v = {k: x for k, x in values.items() if not _later(x)}
+    for name, fix in REQUIRED.items():
+        if name in values and not values[name] and not _later(values[name]):
+            raise ConfigError(name, fix)
+        if not partial and name not in values:
+            raise ConfigError(name, fix)
+    if "command" in v:
+        _check_command(v["command"])
+    uri = v.get("checkpoint_uri")
+    if uri is not None:
+        if not isinstance(uri, str):
+            raise ConfigError(
+                "checkpoint_uri", f"must be a string (path or URI), got {type(uri).__name__}"
+            )
+        validate_uri(uri)
+    if "expected_compute" in v and not _positive_td(v["expected_compute"]):
+        raise ConfigError(
+            "expected_compute",
+            f"must be a positive timedelta (compute the whole job needs), got {v['expected_compute']!r}",
+        )
+    steps = v.get("total_steps")
+    if steps is not None and (not _integer(steps) or steps < 1):
+        raise ConfigError("total_steps", f"must be a positive integer or None, got {steps!r}")
+    if "changeover" in v and not (
+        isinstance(v["changeover"], timedelta) and v["changeover"] >= timedelta(0)
+    ):
+        raise ConfigError("changeover", f"must be a timedelta >= 0, got {v['changeover']!r}")
+    if "policy" in v:
+        if not isinstance(v["policy"], str):
+            raise ConfigError(
+                "policy",
+                f"must be a policy name such as 'deadline_aware', got {v['policy']!r}",
+            )
+        get_policy(v["policy"])
+    for name in ("max_preemptions", "max_failures"):
+        n = v.get(name)
+        if n is not None and (not _integer(n) or n < 0):
+            raise ConfigError(
+                name,
+                f"must be an integer >= 0{' or None' if name == 'max_preemptions' else ''}, got {n!r}",
+            )
+        if name == "max_failures" and name in v and n is None:
+            raise ConfigError(name, "must be an integer >= 0, got None")
+    if "on_preemption_budget" in v and v["on_preemption_budget"] not in PREEMPTION_ACTIONS:
+        raise ConfigError(
+            "on_preemption_budget",
+            f"must be one of {PREEMPTION_ACTIONS}, got {v['on_preemption_budget']!r}",
+        )
+    for name in ("spot_price", "on_demand_price"):
+        if name not in v:
+            continue
+        price = v[name]
+        if not finite_number(price) or price < 0 or (name == "on_demand_price" and price == 0):
+            raise ConfigError(
+                name,
+                f"must be a price per hour {'> 0' if name == 'on_demand_price' else '>= 0'}, got {price!r}",
+            )
+    if "decision_interval" in v:
+        di = v["decision_interval"]
+        if not isinstance(di, timedelta) or di < MIN_DECISION_INTERVAL:
+            raise ConfigError(
+                "decision_interval",
+                f"must be a timedelta of at least {MIN_DECISION_INTERVAL.total_seconds():g} s "
+                f"(how often to decide again), got {di!r}",
+            )
+    if "poll_interval" in v:
+        pi = v["poll_interval"]
+        if not finite_number(pi) or pi < MIN_POLL_INTERVAL:
+            raise ConfigError(
+                "poll_interval",
+                f"must be a number of seconds >= {MIN_POLL_INTERVAL:g}, got {pi!r}",
+            )
+    if "backend" in v:
+        _check_backend(v["backend"])
+    if "deadline" in v:
+        _check_deadline(v["deadline"], v.get("expected_compute"), v.get("changeover"), v)
+
+
+def _check_command(cmd: Any) -> None:
+    if isinstance(cmd, str):
+        import shlex
+
+        try:
+            parts = shlex.split(cmd)
+        except ValueError as e:
+            raise ConfigError(
+                "command", f"cannot be split like a shell would ({e}): {cmd!r}"
+            ) from None
+        if not parts:
+            raise ConfigError("command", f"is blank; {REQUIRED['command']}")
+        return
+    if not isinstance(cmd, (list, tuple)):
+        raise ConfigError(
+            "command", f"must be a list of strings or a string, got {type(cmd).__name__}"
+        )
+    for i, part in enumerate(cmd):
+        if not isinstance(part, str) or not part:
+            raise ConfigError(
+                "command",
+                f"item {i} is {part!r} ({type(part).__name__}); every item must be a non-empty "
+                "string (write numbers as '3')",
+            )
+
+
+def _check_backend(backend: Any) -> None:
+    if isinstance(backend, str):
+        if backend != "local":
+            raise ConfigError(
+                "backend",
+                f"unknown backend {backend!r}; use 'local', LocalBackend(...) or KubernetesBackend(image=...)",
+            )
+        return
+    missing = [m for m in BACKEND_METHODS if not callable(getattr(backend, m, None))]
+    if missing or not finite_number(getattr(backend, "time_scale", None)):
+        raise ConfigError(
+            "backend",
+            f"{type(backend).__name__} is not a backend (no {', '.join(missing) or 'time_scale'}); "
+            "use 'local', LocalBackend(...) or KubernetesBackend(image=...)",
+        )
+
+
+def _check_deadline(dl: Any, work: Any, changeover: Any, given: dict[str, Any]) -> None:
+    """A deadline's type, and its span where it does not depend on the start (parse time)."""
+    if isinstance(dl, str):
+        dl = _parse_deadline(dl)
+    if isinstance(dl, datetime):
+        if dl.tzinfo is None:
+            raise ConfigError(
+                "deadline",
+                "a datetime deadline must be timezone-aware (e.g. pendulum or tzinfo=timezone.utc)",
+            )
+        return
+    if not isinstance(dl, timedelta):
+        raise ConfigError(
+            "deadline",
+            f"must be a datetime, a timedelta or a string, got {type(dl).__name__}",
+        )
+    if _positive_td(work):
+        co = changeover if isinstance(changeover, timedelta) else timedelta(minutes=5)
+        check_span(dl, work, co)
+        if "decision_interval" in given:
+            check_decision_interval(given["decision_interval"], dl - work - co)
+
+
+def check_span(span: timedelta, work: timedelta, changeover: timedelta) -> None:
+    """The deadline leaves room for the work and one changeover."""
+    if span <= timedelta(0) or span < work + changeover:
+        raise ConfigError(
+            "deadline",
+            f"{_h(span)} from the start is shorter than the work ({_h(work)}) plus one "
+            f"changeover ({_h(changeover)}); move the deadline later or cut the work",
+        )
+
+
+def check_decision_interval(interval: timedelta, slack: timedelta) -> None:
+    """Decide often enough to use the slack: the policy keeps a look's worth of margin, so an
+    interval near the slack sends the whole job to on-demand (no error when the slack is 0:
+    on-demand is then the only way anyway)."""
+    if slack > timedelta(0) and interval > slack / 4:
+        raise ConfigError(
+            "decision_interval",
+            f"{_h(interval)} is more than a quarter of the slack ({_h(slack)} between the work "
+            f"plus one changeover and the deadline): the policy could not wait for spot and "
+            f"would run on-demand; use at most {(slack / 4).total_seconds():.0f} s (intervals are wall-clock, "
+            "also on a LocalBackend with a time_scale)",
+        )
+
+
+def _later(value: Any) -> bool:
+    """Resolved when the task starts: a Jinja template or an XComArg."""
+    from airflow.sdk.definitions._internal.mixins import ResolveMixin
+
+    return _templated(value) or isinstance(value, ResolveMixin)
+
+
+def _integer(n: Any) -> bool:
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def _positive_td(td: Any) -> bool:
+    return isinstance(td, timedelta) and td > timedelta(0)
 
 
 def _tries_left(context: Context) -> bool:

@@ -41,6 +41,32 @@ OK = dict(
         ({"on_preemption_budget": "retry"}, "on_preemption_budget", "must be one of"),
         ({"backend": "mars"}, "backend", "unknown backend"),
         ({"policy": "cheapest"}, "policy", "unknown policy 'cheapest'"),
+        ({"policy": None}, "policy", "must be a policy name"),
+        ({"command": "   "}, "command", "is blank"),
+        ({"command": "python 'train.py"}, "command", "cannot be split like a shell"),
+        ({"command": ["python", 3]}, "command", "item 1 is 3 (int)"),
+        ({"command": {"python": 1}}, "command", "must be a list of strings or a string"),
+        ({"checkpoint_uri": 5}, "checkpoint_uri", "must be a string"),
+        ({"backend": {"name": "kubernetes"}}, "backend", "dict is not a backend"),
+        ({"spot_price": float("nan")}, "spot_price", ">= 0"),
+        ({"on_demand_price": float("inf")}, "on_demand_price", "> 0"),
+        ({"on_demand_price": "3.06"}, "on_demand_price", "> 0"),
+        ({"max_failures": True}, "max_failures", "integer >= 0"),
+        ({"max_failures": None}, "max_failures", "got None"),
+        ({"max_preemptions": 2.0}, "max_preemptions", "integer >= 0"),
+        ({"total_steps": True}, "total_steps", "positive integer"),
+        ({"decision_interval": timedelta(microseconds=1)}, "decision_interval", "at least 0.1 s"),
+        ({"poll_interval": 1e-6}, "poll_interval", ">= 0.01"),
+        ({"poll_interval": float("nan")}, "poll_interval", ">= 0.01"),
+        ({"deadline": "3h"}, "deadline", "shorter than the work"),
+        ({"deadline": "soon"}, "deadline", "neither an ISO datetime nor a duration"),
+        ({"deadline": "2030-01-01T00:00:00"}, "deadline", "has no timezone"),
+        ({"deadline": 6}, "deadline", "got int"),
+        (
+            {"decision_interval": timedelta(minutes=40)},
+            "decision_interval",
+            "more than a quarter of the slack",
+        ),
     ],
 )
 def test_bad_arguments_are_named_at_parse_time(changes: dict, field: str, fragment: str) -> None:
@@ -93,3 +119,59 @@ def test_default_retry_policy_fails_fast_on_config_and_retries_backend_errors() 
     assert policy.evaluate(ConfigError("deadline", "x"), 1, 3).action is RetryAction.FAIL
     assert policy.evaluate(FailureBudgetExhausted("x"), 1, 3).action is RetryAction.FAIL
     assert policy.evaluate(BackendError("x"), 1, 3).action is RetryAction.RETRY
+
+
+def test_values_resolved_later_pass_parsing() -> None:
+    """Templates and XComArgs are checked when the task starts; a Path is taken as a path."""
+    from pathlib import Path
+
+    from airflow.sdk import DAG, task
+
+    with DAG("resolved_later", schedule=None):
+
+        @task
+        def where() -> str:
+            return "/tmp/ckpt"
+
+        op = SpotTrainingOperator(
+            **{**OK, "checkpoint_uri": where(), "command": "python {{ params.script }}"}
+        )
+    assert op.checkpoint_uri is not None
+    assert (
+        SpotTrainingOperator(**{**OK, "checkpoint_uri": Path("/tmp/x")}).checkpoint_uri == "/tmp/x"
+    )
+
+
+def test_partial_arguments_are_checked_at_parse_time() -> None:
+    """``partial()`` checks what it is given at once (mapped instances are only built when
+    they run); what ``expand()`` supplies later is not required yet."""
+    from airflow.sdk import DAG
+
+    with DAG("mapped", schedule=None):
+        with pytest.raises(ConfigError) as e:
+            SpotTrainingOperator.partial(
+                task_id="bad", command="python train.py", on_demand_price=float("nan")
+            )
+        assert e.value.field == "on_demand_price"
+        with pytest.raises(ConfigError) as e:
+            SpotTrainingOperator.partial(
+                task_id="bad2", expected_compute=timedelta(hours=4), deadline="3h"
+            )
+        assert e.value.field == "deadline"
+        mapped = SpotTrainingOperator.partial(
+            task_id="ok",
+            command="python train.py",
+            expected_compute=timedelta(hours=4),
+            deadline="6h",
+        ).expand(checkpoint_uri=["/tmp/a", "/tmp/b"])
+    assert mapped.task_id == "ok"
+
+
+def test_decision_interval_is_checked_against_the_slack_when_the_task_starts() -> None:
+    """A rendered deadline leaving little slack for the interval is refused, naming it."""
+    op = SpotTrainingOperator(**{**OK, "deadline": "{{ params.deadline }}"})
+    op.deadline = "4.5h"  # slack 25 min: a 60 s interval fits, 10 min does not
+    assert op._resolve_deadline(0.0) == 4.5 * 3600
+    op.decision_interval = timedelta(minutes=10)
+    with pytest.raises(ConfigError, match="decision_interval: .* at most 375 s"):
+        op._resolve_deadline(0.0)
