@@ -186,3 +186,35 @@ def test_exit_0_on_the_notice_says_the_notice_came(tmp_path: Path) -> None:
     st = _wait(b, h)
     assert st.outcome is Outcome.SUCCEEDED and st.exit_code == 0
     assert st.evidence["notice_at"] > st.launched_at
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "reason"),
+    [
+        (
+            ["airflow-spot-no-such-command"],
+            127,
+            "command not found: 'airflow-spot-no-such-command'",
+        ),
+        ([__file__], 126, "cannot be run (Permission denied)"),  # a file without exec bit
+    ],
+)
+def test_a_command_that_cannot_start_is_an_application_failure(
+    tmp_path: Path, command: list[str], code: int, reason: str
+) -> None:
+    """A command that cannot start fails the application (not the capacity: relaunching on
+    other capacity cannot help) with the shell's exit code, and says why in the log."""
+    b, market = _backend(tmp_path, [(True, 100)])
+    h = b.launch(
+        IDENT,
+        1,
+        "on_demand",
+        command,
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.0,
+        market=market,
+    )
+    st = _wait(b, h)
+    assert st.outcome is Outcome.APP_FAILURE and st.exit_code == code
+    assert reason in st.reason
+    assert reason in b.log_tail(h)

@@ -89,8 +89,8 @@ class Supervisor:
         try:
             if not self._wait_for_spot() or not self._changeover():
                 return 0
-            self._start_child()
-            self._watch()
+            if self._start_child():
+                self._watch()
         except Exception as e:  # noqa: BLE001 - the supervisor must always leave a verdict
             self._kill_group(signal.SIGKILL)
             self.finish(Outcome.INFRA_DISRUPTION, f"supervisor error: {e!r}")
@@ -132,24 +132,41 @@ class Supervisor:
             time.sleep(POLL_S)
         return True
 
-    def _start_child(self) -> None:
+    def _start_child(self) -> bool:
+        """Start the training command; a command that cannot start is the application's
+        failure (exit 127/126 as a shell gives), never the capacity's."""
         env = {**os.environ, **self.spec.get("env", {})}
         log = open(self.run_dir / "attempt.log", "ab")  # noqa: SIM115 - lives as long as the child
-        self.child = subprocess.Popen(
-            self.spec["command"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=self.spec.get("cwd") or None,
-        )
+        cwd = self.spec.get("cwd") or None
+        try:
+            self.child = subprocess.Popen(
+                self.spec["command"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=cwd,
+            )
+        except OSError as e:
+            prog = self.spec["command"][0]
+            if cwd is not None and e.filename == cwd:
+                why, code = f"working directory {cwd!r} cannot be used ({e.strerror})", 126
+            elif isinstance(e, FileNotFoundError):
+                why, code = f"command not found: {prog!r} (not on PATH or no such file)", 127
+            else:
+                why, code = f"command {prog!r} cannot be run ({e.strerror})", 126
+            log.write(f"airflow-spot: {why}\n".encode())
+            log.close()
+            self.finish(Outcome.APP_FAILURE, why, exit_code=code)
+            return False
         self.publish(
             state=State.RUNNING.value,
             started_at=time.time(),
             child_pid=self.child.pid,
             pgid=self.child.pid,
         )
+        return True
 
     def _watch(self) -> None:
         assert self.child is not None
