@@ -55,6 +55,7 @@ class JobState:
     failures: int = 0
     infra_disruptions: int = 0
     infra_base: int = 0  # infra_disruptions when this try began (the limit is per try)
+    try_started_at: float | None = None  # wall time this Airflow try began (execution_timeout)
     spot_last: bool | None = None
     spot_last_change: float | None = None
     spot_down_s: float = 0.0  # market seconds spot was seen down

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_spot.checkpoint.stores import validate_uri
-from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError, finite_number
+from airflow_spot.exceptions import (
+    BackendError,
+    BudgetExhausted,
+    ConfigError,
+    InfeasibleDeadline,
+    finite_number,
+)
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.policy import get_policy
 
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STATE_KEY = "airflow_spot_job"
+TRIGGER_FAIL = "__fail__"  # Airflow's next_method when a trigger failed or timed out
 PREEMPTION_ACTIONS = ("on_demand", "fail")
 
 
@@ -170,6 +177,7 @@ class SpotTrainingOperator(BaseOperator):
         if raw and not raw.get("finished") and not raw.get("failed"):
             state = JobState.from_dict(raw)
             state.infra_base = state.infra_disruptions  # the limit is per try
+            state.try_started_at = time.time()
             self.log.info(
                 "Resuming job state from try %s: %d attempts so far.",
                 context["ti"].try_number,
@@ -258,6 +266,60 @@ class SpotTrainingOperator(BaseOperator):
             )
         return self._step(context, JobState.from_dict(raw), parsed)
 
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+    ) -> Any:
+        """A trigger that failed or timed out fails the try the way any error does (the live
+        attempt is kept for the next try, or stopped and the job marked failed on the last);
+        Airflow's default would leave the attempt running unwatched."""
+        if next_method != TRIGGER_FAIL:
+            return super().resume_execution(next_method, next_kwargs, context)
+        from airflow.sdk.exceptions import AirflowTaskTimeout, TaskDeferralTimeout
+
+        from airflow_spot.jobstate import JobState
+
+        raw: Any = context["task_state_store"].get(STATE_KEY)
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except Exception as e:
+            if not raw or raw.get("finished") or raw.get("failed"):
+                raise
+            state = JobState.from_dict(raw)
+            err: BaseException = e
+            now = time.time()
+            if isinstance(e, TaskDeferralTimeout):
+                if now >= state.deadline_at:
+                    err = InfeasibleDeadline(
+                        "deadline",
+                        f"passed {_h(timedelta(seconds=now - state.deadline_at))} ago while the "
+                        "task was deferred (its trigger timed out; was the triggerer down?)",
+                    )
+                else:
+                    err = AirflowTaskTimeout(
+                        f"execution_timeout ({self.execution_timeout}) reached while deferred"
+                    )
+            self._fail_try(context, state, err)
+            raise err from e
+
+    def _fail_try(self, context: Context, state: JobState, error: BaseException) -> None:
+        """This try fails with ``error``. A passing error with tries left keeps the live
+        attempt for the next try (it re-attaches); otherwise the task fails for good: stop what
+        runs and keep the record."""
+        from airflow_spot.operators.controller import Controller
+
+        store = context["task_state_store"]
+        if not isinstance(error, (ConfigError, BudgetExhausted)) and _tries_left(context):
+            store.set(STATE_KEY, state.to_dict())
+            return
+        ctl = Controller(self, state, context)
+        try:
+            ctl.abandon()
+        except Exception as stop:  # noqa: BLE001 - the original error is the one to raise
+            self.log.error("Could not stop the live attempt: %s", stop)
+        state.failed = {"error": type(error).__name__, "message": str(error)}
+        ctl.failed_for_good(time.time())
+        store.set(STATE_KEY, state.to_dict())
+
     def on_kill(self) -> None:
         """Stop the live attempt (runs when the worker is told to kill the task)."""
         handle = getattr(self, "_live_handle", None)
@@ -272,12 +334,23 @@ class SpotTrainingOperator(BaseOperator):
         deadline_at = self._resolve_deadline(now)
         backend = self._backend()
         market = backend.market_spec(now)  # None where the real market is not replayed
+        if self.execution_timeout is not None and self.execution_timeout.total_seconds() < (
+            deadline_at - now
+        ):
+            self.log.warning(
+                "execution_timeout (%s) is shorter than the time to the deadline (%s): Airflow "
+                "stops each try after it (the attempt too). With retries left the next try "
+                "resumes the job from its checkpoint; the deadline still bounds the whole job.",
+                self.execution_timeout,
+                timedelta(seconds=round(deadline_at - now)),
+            )
         return JobState(
             started_at=now,
             deadline_at=deadline_at,
             time_scale=backend.time_scale,
             total_steps=self.total_steps,
             market=market.to_dict() if market is not None else None,
+            try_started_at=now,
         )
 
     def _backend(self) -> Any:
@@ -286,6 +359,8 @@ class SpotTrainingOperator(BaseOperator):
         return LocalBackend() if isinstance(self.backend, str) else self.backend
 
     def _step(self, context: Context, state: JobState, event: Any) -> Any:
+        from airflow.sdk.exceptions import AirflowTaskTimeout
+
         from airflow_spot.operators.controller import Controller
 
         ctl = Controller(self, state, context)
@@ -303,25 +378,25 @@ class SpotTrainingOperator(BaseOperator):
                             state, result.wake_at, ctl.cooling_until(time.time())
                         ),
                         method_name="resume",
-                        timeout=timedelta(
-                            seconds=max(60.0, state.deadline_at - time.time() + 3600)
-                        ),
+                        timeout=timedelta(seconds=self._defer_timeout(state, time.time())),
                     )
                 event = ctl.wait_here(result.wake_at)
-            except Exception as e:
-                if not isinstance(e, (ConfigError, BudgetExhausted)) and _tries_left(context):
-                    # a passing error (backend, store, network): the attempt keeps running and
-                    # the next try re-attaches to it
-                    store.set(STATE_KEY, state.to_dict())
-                    raise
-                try:  # the task fails for good: stop what runs, keep the record
-                    ctl.abandon()
-                except Exception as stop:  # noqa: BLE001 - the original error is the one to raise
-                    self.log.error("Could not stop the live attempt: %s", stop)
-                state.failed = {"error": type(e).__name__, "message": str(e)}
-                ctl.failed_for_good(time.time())
-                store.set(STATE_KEY, state.to_dict())
+            except (Exception, AirflowTaskTimeout) as e:  # the timeout is a BaseException
+                self._fail_try(context, state, e)
                 raise
+
+    def _defer_timeout(self, state: JobState, now: float) -> float:
+        """How long a deferral may last: an hour past the deadline, and no later than this
+        try's ``execution_timeout`` (Airflow does not apply it while a task is deferred)."""
+        from airflow.sdk.exceptions import AirflowTaskTimeout
+
+        timeout = max(60.0, state.deadline_at - now + 3600)
+        if self.execution_timeout is not None and state.try_started_at is not None:
+            left = state.try_started_at + self.execution_timeout.total_seconds() - now
+            if left <= 0:
+                raise AirflowTaskTimeout(f"execution_timeout ({self.execution_timeout}) reached")
+            timeout = min(timeout, left)
+        return timeout
 
     def _trigger(self, state: JobState, wake_at: float, cooling: dict[str, float] | None = None):
         backend = self._backend()

@@ -195,3 +195,87 @@ def test_a_fresh_start_stops_what_the_failed_job_left_running(tmp_path: Path) ->
         backend.cancel(handle)
         for a in store.get(STATE_KEY)["attempts"]:
             backend.cancel(a["handle"])
+
+
+def test_a_failed_trigger_fails_the_try_like_any_error(tmp_path: Path) -> None:
+    """A trigger that crashed wakes the task with ``__fail__``: with tries left the attempt
+    keeps running for the next try; on the last try it is stopped and the job marked failed
+    (Airflow's default raised and left it running unwatched)."""
+    from airflow.sdk.exceptions import TaskDeferralError
+
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(tmp_path, timedelta(hours=1))
+    with pytest.raises(TaskDeferred):
+        op.execute(make_context(store, try_number=1, max_tries=1))
+    handle = store.get(STATE_KEY)["attempts"][0]["handle"]
+    crashed = {"error": "Trigger failure", "traceback": ["boom"]}
+    with pytest.raises(TaskDeferralError):
+        op.resume_execution("__fail__", crashed, make_context(store, try_number=1, max_tries=1))
+    assert not read_status(handle).terminal and not store.get(STATE_KEY).get("failed")
+    with pytest.raises(TaskDeferralError):
+        op.resume_execution("__fail__", crashed, make_context(store, try_number=2, max_tries=1))
+    assert read_status(handle).terminal
+    assert store.get(STATE_KEY)["failed"]["error"] == "TaskDeferralError"
+
+
+def test_a_trigger_timeout_past_the_deadline_is_a_missed_deadline(tmp_path: Path) -> None:
+    """The deferral outlived the deadline (the triggerer was down): the job failed for good,
+    whatever tries are left, and nothing keeps running."""
+    from airflow_spot.exceptions import InfeasibleDeadline
+
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(tmp_path, timedelta(hours=1))
+    with pytest.raises(TaskDeferred):
+        op.execute(make_context(store, try_number=1, max_tries=3))
+    raw = store.get(STATE_KEY)
+    raw["deadline_at"] = time.time() - 4000
+    store.set(STATE_KEY, raw)
+    with pytest.raises(InfeasibleDeadline, match="deadline: passed 1.11 h ago"):
+        op.resume_execution(
+            "__fail__", {"error": "Trigger timeout"}, make_context(store, try_number=1, max_tries=3)
+        )
+    assert read_status(raw["attempts"][0]["handle"]).terminal
+    assert store.get(STATE_KEY)["failed"]["error"] == "InfeasibleDeadline"
+
+
+def test_execution_timeout_bounds_a_deferred_try(tmp_path: Path) -> None:
+    """Airflow does not apply execution_timeout while a task is deferred: the deferral's own
+    timeout is capped by what is left of it, and a try past it fails with AirflowTaskTimeout
+    (on the last try: attempt stopped, job failed)."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(tmp_path, timedelta(hours=1))
+    op.execution_timeout = timedelta(seconds=30)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context(store, try_number=1, max_tries=0))
+    assert 25 < deferred.value.timeout.total_seconds() <= 30
+    with pytest.raises(AirflowTaskTimeout, match="reached while deferred"):
+        op.resume_execution(
+            "__fail__", {"error": "Trigger timeout"}, make_context(store, try_number=1, max_tries=0)
+        )
+    state = store.get(STATE_KEY)
+    assert state["failed"]["error"] == "AirflowTaskTimeout"
+    assert read_status(state["attempts"][0]["handle"]).terminal
+
+
+@pytest.mark.parametrize("max_tries", [0, 1])
+def test_execution_timeout_in_the_worker_goes_through_the_failure_handler(
+    tmp_path: Path, max_tries: int
+) -> None:
+    """In a non-deferrable task Airflow's timeout is a BaseException raised while the worker
+    waits: with tries left the record stays resumable; on the last try the job is failed (a
+    later clear then starts afresh instead of resuming the stale job)."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+    from airflow.sdk.execution_time.timeout import timeout
+
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(tmp_path, timedelta(hours=1))
+    op.deferrable = False
+    op.execution_timeout = timedelta(seconds=2)
+    with pytest.raises(AirflowTaskTimeout), timeout(2):
+        op.execute(make_context(store, try_number=1, max_tries=max_tries))
+    state = store.get(STATE_KEY)
+    assert bool(state.get("failed")) is (max_tries == 0)
+    op.on_kill()  # as the task runner does after the timeout
+    assert read_status(state["attempts"][0]["handle"]).terminal
