@@ -18,6 +18,7 @@ from airflow_spot.exceptions import CheckpointError
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
+OWNER = "job-owner.json"  # which task instance trains into this location
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,20 @@ class Checkpoints:
             except CheckpointError:
                 continue
         return None
+
+    def claim(self, owner: dict[str, Any]) -> dict[str, Any] | None:
+        """Record ``owner`` (who trains into this location) if no one is recorded yet, in one
+        conditional write; otherwise leave the record and return it (``{}`` if unreadable)."""
+        if self.store.create(OWNER, json.dumps(owner, sort_keys=True).encode()):
+            return None
+        try:
+            prev = json.loads(self.store.get(OWNER))
+        except (CheckpointError, ValueError):
+            return {}
+        return prev if isinstance(prev, dict) else {}
+
+    def set_owner(self, owner: dict[str, Any]) -> None:
+        self.store.put(OWNER, json.dumps(owner, sort_keys=True).encode())
 
     def load(self, manifest: Manifest) -> dict[str, bytes]:
         """The files of a checkpoint, each checked against the manifest."""

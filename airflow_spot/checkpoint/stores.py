@@ -38,6 +38,7 @@ class Store(Protocol):
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str = "") -> list[str]: ...
     def delete(self, key: str) -> None: ...
+    def create(self, key: str, data: bytes) -> bool: ...
 
 
 class LocalStore:
@@ -59,6 +60,20 @@ class LocalStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it does not exist (atomically); False if it already did."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, path)  # fails if path exists, whoever wrote it first
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
 
     def get(self, key: str) -> bytes:
         try:
@@ -117,6 +132,26 @@ class S3Store:
 
     def put(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it does not exist (S3 conditional write); False if it did."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
+            )
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412"):
+                return False
+            if code not in ("NotImplemented", "501"):
+                raise
+            # an S3-compatible store without conditional writes: look, then write (racy)
+            if key in self.list(key):
+                return False
+            self.put(key, data)
+        return True
 
     def get(self, key: str) -> bytes:
         try:

@@ -199,40 +199,63 @@ class SpotTrainingOperator(BaseOperator):
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
                 self._retire(store, JobState.from_dict(raw))
             else:
-                self._check_earlier_checkpoints()
+                self._check_earlier_checkpoints(context)
             state = self._new_state(time.time())
         return self._step(context, state, None)
 
-    def _check_earlier_checkpoints(self) -> None:
+    def _check_earlier_checkpoints(self, context: Context) -> None:
         """A new job whose checkpoint_uri already holds work from before it (a URI not
         templated per run): complete work is an error (nothing would be trained, and the run
-        would report 100 % savings); partial work is resumed, with a warning."""
+        would report 100 % savings); partial work is resumed, with a warning. Another map
+        index of this task in this run training into the same location is an error (each
+        would resume from the other's checkpoints)."""
         from airflow_spot.checkpoint.manifest import Checkpoints
         from airflow_spot.checkpoint.stores import open_store
 
-        m = Checkpoints(open_store(str(self.checkpoint_uri))).latest_manifest()
-        if m is None:
-            return
-        total = self.total_steps or m.total_steps
-        saved = datetime.fromtimestamp(m.created, timezone.utc).isoformat(timespec="seconds")
-        if total and m.step >= total:
+        ti = context["ti"]
+        me = {k: getattr(ti, k, None) for k in ("dag_id", "task_id", "run_id", "map_index")}
+        mapped = isinstance(me["map_index"], int) and me["map_index"] >= 0
+        fix = (
+            "template it per map index, e.g. '.../{{ run_id }}/{{ ti.map_index }}'"
+            if mapped
+            else "template it per run (e.g. '.../{{ ds }}' or '.../{{ run_id }}')"
+        )
+        ckpts = Checkpoints(open_store(str(self.checkpoint_uri)))
+        prev = ckpts.claim(me)
+        theirs = {k: (prev or {}).get(k) for k in me}
+        other = prev is not None and theirs != me
+        if other and {**theirs, "map_index": None} == {**me, "map_index": None}:
             raise ConfigError(
                 "checkpoint_uri",
-                f"{self.checkpoint_uri} already holds a complete checkpoint (step {m.step} of "
-                f"{total}, saved {saved}) from before this task instance started, so there is "
-                "nothing to train; template it per run (e.g. '.../{{ ds }}' or "
-                "'.../{{ run_id }}') or delete those checkpoints to train again (nothing was "
-                "deleted)",
+                f"{self.checkpoint_uri} is already used by map index {theirs['map_index']} "
+                f"of this task in this run; mapped instances each need their own location: "
+                f"{fix}",
             )
-        self.log.warning(
-            "checkpoint_uri %s already holds step %d of %s (saved %s) from before this task "
-            "instance started: resuming from it. Template checkpoint_uri per run to start each "
-            "run afresh.",
-            self.checkpoint_uri,
-            m.step,
-            total,
-            saved,
-        )
+        m = ckpts.latest_manifest()
+        if m is not None:
+            total = self.total_steps or m.total_steps
+            saved = datetime.fromtimestamp(m.created, timezone.utc).isoformat(timespec="seconds")
+            by = f" by run {theirs['run_id']}" if prev and theirs["run_id"] != me["run_id"] else ""
+            if total and m.step >= total:
+                raise ConfigError(
+                    "checkpoint_uri",
+                    f"{self.checkpoint_uri} already holds a complete checkpoint (step {m.step} "
+                    f"of {total}, saved {saved}{by}) from before this task instance started, so "
+                    f"there is nothing to train; {fix} or delete those checkpoints to train "
+                    "again (nothing was deleted)",
+                )
+            self.log.warning(
+                "checkpoint_uri %s already holds step %d of %s (saved %s%s) from before this "
+                "task instance started: resuming from it. To start afresh, %s.",
+                self.checkpoint_uri,
+                m.step,
+                total,
+                saved,
+                by,
+                fix,
+            )
+        if other:
+            ckpts.set_owner(me)
 
     def _retire(self, store: Any, old: JobState) -> None:
         """Before a new job replaces one that failed for good: stop any attempt it left

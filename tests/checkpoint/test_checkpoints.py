@@ -279,3 +279,18 @@ def test_reading_while_a_writer_saves_and_retention_deletes(tmp_path: Path) -> N
     finally:
         stop.set()
         t.join()
+
+
+def test_a_local_claim_is_atomic(tmp_path: Path) -> None:
+    """Of many processes claiming one location at once, exactly one records itself."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        got = pool.starmap(_claim, [(str(tmp_path / "c"), i) for i in range(8)])
+    winners = [i for i, prev in enumerate(got) if prev is None]
+    assert len(winners) == 1
+    assert all(prev == {"map_index": winners[0]} for prev in got if prev is not None)
+
+
+def _claim(root: str, i: int) -> dict | None:
+    return Checkpoints(LocalStore(root)).claim({"map_index": i})

@@ -86,3 +86,14 @@ def test_training_resumes_from_s3(s3_server, tmp_path: Path) -> None:
     )
     local = Checkpoints(open_store(str(tmp_path / "local")))
     assert c.load(c.latest_valid()) == local.load(local.latest_valid())
+
+
+def test_s3_claim_is_one_conditional_write(s3_server) -> None:
+    """The first claim of a location records its owner (If-None-Match: *); a second one sees
+    the first owner and changes nothing."""
+    c = Checkpoints(open_store("s3://spot-ckpt/jobs/claimed"))
+    assert c.claim({"run_id": "a", "map_index": 0}) is None
+    assert c.claim({"run_id": "a", "map_index": 1}) == {"run_id": "a", "map_index": 0}
+    c.set_owner({"run_id": "b", "map_index": -1})
+    assert c.claim({"run_id": "c", "map_index": -1}) == {"run_id": "b", "map_index": -1}
+    assert c.manifests() == []  # the record is not a checkpoint

@@ -99,3 +99,21 @@ def test_total_steps_that_disagree_with_the_scripts_checkpoints_are_an_error(
     op.total_steps = 10
     with pytest.raises(ConfigError, match="total_steps: the operator says 10 but the training"):
         op.execute(make_context(FileTaskStateStore(tmp_path / "s.json")))
+
+
+def test_mapped_instances_sharing_one_location_is_an_error(tmp_path: Path) -> None:
+    """Map index 1 finds map index 0 training into the same untemplated checkpoint_uri: a
+    ConfigError suggesting ``{{ ti.map_index }}`` (it would resume from the other's
+    checkpoints). The same location in the next run is taken over, saying whose it was."""
+    first = FileTaskStateStore(tmp_path / "m0.json")
+    summary = _op(tmp_path).execute(make_context(first, map_index=0))
+    assert summary["final_checkpoint"]["step"] == STEPS
+    sibling = FileTaskStateStore(tmp_path / "m1.json")
+    with pytest.raises(ConfigError, match=r"already used by map index 0 .*\{\{ ti.map_index \}\}"):
+        _op(tmp_path).execute(make_context(sibling, map_index=1))
+    assert sibling.get(STATE_KEY) is None
+    # the next run: complete work from run "run" (named), the fix per map index
+    with pytest.raises(ConfigError, match=r"saved .* by run run\).*\{\{ ti.map_index \}\}"):
+        _op(tmp_path).execute(
+            make_context(FileTaskStateStore(tmp_path / "n.json"), run_id="next", map_index=1)
+        )
