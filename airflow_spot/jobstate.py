@@ -64,6 +64,7 @@ class JobState:
     spot_last_down_s: float | None = None  # market seconds of the last outage seen whole
     last_seen: float | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    decisions_dropped: int = 0  # older decisions not kept (the log keeps the last MAX_DECISIONS)
     finished: dict[str, Any] | None = None
     failed: dict[str, Any] | None = None  # why the task failed for good (error type and message)
     snapshot: dict[str, Any] | None = None  # the live summary the UI shows while the job runs
@@ -128,7 +129,9 @@ class JobState:
                 "step": done_steps,
             }
         )
-        del self.decisions[:-MAX_DECISIONS]
+        if len(self.decisions) > MAX_DECISIONS:
+            self.decisions_dropped += len(self.decisions) - MAX_DECISIONS
+            del self.decisions[:-MAX_DECISIONS]
 
     # -- measurement ------------------------------------------------------------------------
     def throughput(self) -> tuple[int, float]:

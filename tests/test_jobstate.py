@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from airflow_spot.jobstate import JobState
 
 
@@ -72,3 +74,53 @@ def test_measured_changeover_discounts_every_step_the_first_look_saw() -> None:
         )
     )
     assert abs(st.measured_changeover_s(9.6) - 120.0) < 1e-9
+
+
+def test_the_xcom_summary_of_a_long_job_stays_small() -> None:
+    """60 h of spot at a price changing every 10 minutes, 40 attempts and 2,000 decisions:
+    the XCom keeps every figure, bounded lists with counts of what it left out, and segments
+    that still add up to the cost; the decision log in the state says how much it dropped."""
+    import json
+
+    from airflow_spot.jobstate import MAX_DECISIONS, AttemptRecord
+    from airflow_spot.operators.controller import XCOM_DECISIONS, xcom_summary
+
+    hour = 3600.0
+    st = JobState(started_at=0.0, deadline_at=70 * hour)
+    for i in range(40):
+        t0 = i * 1.5 * hour
+        st.attempts.append(
+            AttemptRecord(
+                i + 1,
+                "spot",
+                {},
+                launched_at=t0,
+                launch_began_at=t0,
+                started_at=t0 + 300,
+                ended_at=t0 + 1.5 * hour,
+                outcome="preempted",
+                prices=[[t0 + k * 600.0, 0.9 + 0.01 * (k % 7)] for k in range(9)],
+            )
+        )
+    for k in range(2000):
+        st.record_decision(k * 100.0, "spot", "keep spot: slack 3.1 h above reserve 2.4 h", k)
+    assert len(st.decisions) == MAX_DECISIONS and st.decisions_dropped == 2000 - MAX_DECISIONS
+    summary = st.ledger(60 * hour, 1.0, 3.06, 48 * hour).summary()
+    summary.update(
+        attempts=[{"attempt": a.attempt, "reason": a.reason} for a in st.attempts],
+        decisions=st.decisions,
+        decisions_dropped=st.decisions_dropped,
+    )
+    assert len(summary["segments"]) > 300  # one per price piece
+    full = len(json.dumps(summary))
+    small = xcom_summary(summary)
+    assert len(json.dumps(small)) < 64_000 < full
+    assert small["decisions"] == st.decisions[-XCOM_DECISIONS:]
+    assert small["decisions_omitted"] == 2000 - XCOM_DECISIONS
+    assert small["attempts_omitted"] == 0 and small["segments_omitted"] == 0
+    assert sum(
+        s["price_per_h"] * (s["end_s"] - s["start_s"]) / hour for s in small["segments"]
+    ) == (pytest.approx(summary["cost"]))
+    figures = {k: v for k, v in summary.items() if not isinstance(v, list)}
+    figures.pop("decisions_dropped")
+    assert figures.items() <= small.items()

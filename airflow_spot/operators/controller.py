@@ -657,9 +657,66 @@ class Controller:
                     "uri": f"{self.checkpoint_uri.rstrip('/')}/{final.name}",
                 },
                 "decisions": st.decisions,
+                "decisions_dropped": st.decisions_dropped,
             }
         )
         return out
+
+
+# What the task returns as its XCom: the same figures, with the lists bounded (a long job with
+# many price changes and decisions gave 240 KB to 1 MB). The task state store keeps them whole
+# for the UI.
+XCOM_DECISIONS = 50
+XCOM_SEGMENTS = 200
+XCOM_ATTEMPTS = 100
+
+
+def xcom_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` with the last XCOM_DECISIONS decisions and XCOM_ATTEMPTS attempts, and
+    segments merged across price changes (time-weighted price, same cost) once there are more
+    than XCOM_SEGMENTS, then the last XCOM_SEGMENTS of them; ``*_omitted`` counts the rest."""
+    out = dict(summary)
+    segs = out.get("segments") or []
+    if len(segs) > XCOM_SEGMENTS:
+        segs = _merge_price_pieces(segs)
+    for key, keep in (
+        ("decisions", XCOM_DECISIONS),
+        ("attempts", XCOM_ATTEMPTS),
+        ("segments", XCOM_SEGMENTS),
+    ):
+        items = segs if key == "segments" else out.get(key) or []
+        out[key] = items[-keep:]
+        dropped = len(items) - len(out[key])
+        if key == "decisions":
+            dropped += int(out.get("decisions_dropped") or 0)
+            out.pop("decisions_dropped", None)
+        out[f"{key}_omitted"] = dropped
+    return out
+
+
+def _merge_price_pieces(segs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adjacent segments of one attempt, capacity, phase and pool become one."""
+    keys = ("attempt", "capacity", "phase", "pool")
+    out: list[dict[str, Any]] = []
+    for s in segs:
+        prev = out[-1] if out else None
+        if (
+            prev is not None
+            and all(prev.get(k) == s.get(k) for k in keys)
+            and abs(prev["end_s"] - s["start_s"]) < 1e-6
+        ):
+            a, b = prev["end_s"] - prev["start_s"], s["end_s"] - s["start_s"]
+            if a + b > 0:
+                prev["price_per_h"] = (prev["price_per_h"] * a + s["price_per_h"] * b) / (a + b)
+            prev.update(
+                end_s=s["end_s"],
+                progress_end_s=s["progress_end_s"],
+                ended_by=s["ended_by"],
+                lost_s=prev["lost_s"] + s["lost_s"],
+            )
+        else:
+            out.append(dict(s))
+    return out
 
 
 def _same_attempt(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -194,7 +194,9 @@ class SpotTrainingOperator(BaseOperator):
                 (raw["finished"].get("final_checkpoint") or {}).get("uri"),
                 self.checkpoint_uri,
             )
-            return raw["finished"]
+            from airflow_spot.operators.controller import xcom_summary
+
+            return xcom_summary(raw["finished"])
         else:
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
                 self._retire(store, JobState.from_dict(raw))
@@ -384,7 +386,7 @@ class SpotTrainingOperator(BaseOperator):
     def _step(self, context: Context, state: JobState, event: Any) -> Any:
         from airflow.sdk.exceptions import AirflowTaskTimeout
 
-        from airflow_spot.operators.controller import Controller
+        from airflow_spot.operators.controller import Controller, xcom_summary
 
         ctl = Controller(self, state, context)
         store = context["task_state_store"]
@@ -393,7 +395,7 @@ class SpotTrainingOperator(BaseOperator):
                 result = ctl.advance(event)
                 store.set(STATE_KEY, state.to_dict())
                 if result.done:
-                    return result.summary
+                    return xcom_summary(result.summary)
                 self._live_handle = state.live.handle if state.live else None
                 if self.deferrable:
                     self.defer(

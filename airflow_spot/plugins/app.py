@@ -171,6 +171,11 @@ def timeline(
         f'<tr><td>{d.get("market_h", 0):.2f} h</td><td>{html.escape(d["capacity"])}</td><td class="l">{html.escape(d["reason"])}</td></tr>'
         for d in reversed(state.get("decisions") or [])
     )
+    if state.get("decisions_dropped"):
+        log += (
+            f'<tr><td colspan="3">{int(state["decisions_dropped"])} earlier decisions not kept '
+            f"(the log keeps the last {len(state.get('decisions') or [])})</td></tr>"
+        )
     figures = (
         f"cost <b>${summary.get('cost', 0):.2f}</b> vs ${summary.get('on_demand_cost', 0):.2f} all on-demand "
         f"(savings <b>{100 * summary.get('savings', 0):.1f} %</b>), spot {summary.get('spot_hours', 0):.2f} h, "

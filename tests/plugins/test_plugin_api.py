@@ -312,3 +312,18 @@ def test_a_row_says_met_only_once_the_job_has_ended() -> None:
     assert got["running"]["deadline_met"] is None
     assert (got["failed"]["deadline_met"], got["failed"]["now"]) == (False, "failed")
     assert (got["finished"]["deadline_met"], got["finished"]["now"]) == (True, "done")
+
+
+def test_the_decision_log_says_what_it_did_not_keep(monkeypatch) -> None:
+    """The log keeps the last 500 decisions; the page says how many earlier ones were dropped."""
+    from airflow_spot.plugins import app
+
+    state = {
+        "deadline_at": 7200.0,
+        "decisions": [{"market_h": 1.0, "capacity": "spot", "reason": "keep spot"}],
+        "decisions_dropped": 1234,
+        "finished": {"cost": 1.0, "segments": []},
+    }
+    monkeypatch.setattr(app, "load_one", lambda *a: state)
+    page = app.timeline(None, "d", "r", "t")
+    assert "1234 earlier decisions not kept (the log keeps the last 1)" in page
