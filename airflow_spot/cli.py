@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return _simulate(args)
-    except (ConfigError, ValueError) as e:  # TraceFormatError is a ConfigError
+    except ConfigError as e:  # TraceFormatError is a ConfigError; other errors keep a traceback
         print(f"airflow-spot: error: {e}", file=sys.stderr)
         return 2
     return 1
