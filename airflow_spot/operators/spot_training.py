@@ -556,6 +556,17 @@ def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
             )
     if "backend" in v:
         _check_backend(v["backend"])
+        if (
+            getattr(v["backend"], "name", "") == "kubernetes"
+            and isinstance(uri, str)
+            and "://" not in uri
+            and not uri.startswith("/")
+        ):
+            raise ConfigError(
+                "checkpoint_uri",
+                f"{uri!r} is a relative path: the worker and the pod would read different "
+                "places; use s3://bucket/prefix, or an absolute path on a volume both mount",
+            )
     if "deadline" in v:
         _check_deadline(v["deadline"], v.get("expected_compute"), v.get("changeover"), v)
 

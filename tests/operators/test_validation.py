@@ -175,3 +175,13 @@ def test_decision_interval_is_checked_against_the_slack_when_the_task_starts() -
     op.decision_interval = timedelta(minutes=10)
     with pytest.raises(ConfigError, match="decision_interval: .* at most 375 s"):
         op._resolve_deadline(0.0)
+
+
+def test_a_relative_checkpoint_path_with_kubernetes_is_an_error() -> None:
+    """The pod and the worker resolve a relative path in different places."""
+    from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+
+    kube = KubernetesBackend(image="img")
+    with pytest.raises(ConfigError, match="checkpoint_uri: 'ckpt/run' is a relative path"):
+        SpotTrainingOperator(**{**OK, "checkpoint_uri": "ckpt/run", "backend": kube})
+    SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://bucket/run", "backend": kube})
