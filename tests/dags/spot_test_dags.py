@@ -80,3 +80,19 @@ with DAG("spot_test_failures", schedule=None, start_date=START, catchup=False) a
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,
     )
+
+with DAG("spot_test_mapped", schedule=None, start_date=START, catchup=False) as mapped_dag:
+    SpotTrainingOperator.partial(
+        task_id="train",
+        checkpoint_uri=ROOT + os.environ.get("SPOT_TEST_MAPPED_URI", "/mapped/{{ ti.map_index }}"),
+        expected_compute=timedelta(seconds=1),
+        total_steps=20,
+        deadline=timedelta(seconds=30),
+        changeover=timedelta(seconds=0.1),
+        policy="greedy",
+        backend=LocalBackend(
+            trace=TRACE, polarity="available", time_scale=60.0, work_dir=ROOT + "/runs"
+        ),
+        decision_interval=timedelta(seconds=0.5),
+        poll_interval=0.05,
+    ).expand(command=[_train(20), [*_train(20)[:-1], "8"]])  # seeds 7 and 8

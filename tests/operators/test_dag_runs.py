@@ -113,3 +113,43 @@ def test_application_failures_spend_only_the_failure_budget(monkeypatch, tmp_pat
     assert all(a["outcome"] == "app_failure" for a in st["attempts"])
     assert "exited 3" in st["attempts"][0]["reason"]
     assert os.path.exists(st["attempts"][0]["handle"]["run_dir"])
+
+
+def _mapped_states(dag_id: str, run_id: str) -> dict[int, dict]:
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        rows = s.scalars(
+            select(TaskStateStoreModel).where(
+                TaskStateStoreModel.dag_id == dag_id, TaskStateStoreModel.run_id == run_id
+            )
+        ).all()
+        return {r.map_index: json.loads(r.value) for r in rows if r.key == "airflow_spot_job"}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_mapped_instances_each_train_into_their_own_location(
+    monkeypatch, tmp_path: Path, shared: bool
+) -> None:
+    """partial().expand() with checkpoint_uri templated on ti.map_index: both instances train
+    their own model to the end. With one untemplated location, the second instance fails at
+    once naming checkpoint_uri instead of resuming from the first one's checkpoints."""
+    trace = scripted_trace(tmp_path / "market.json", [(True, 1000)])
+    env = {"SPOT_TEST_TRACE": str(trace)}
+    if shared:
+        env["SPOT_TEST_MAPPED_URI"] = "/mapped-shared"
+    dag, dr = _run(monkeypatch, tmp_path, "mapped_dag", **env)
+    states = _mapped_states(dag.dag_id, dr.run_id)
+    if not shared:
+        assert dr.state == "success"
+        uris = {i: st["finished"]["final_checkpoint"]["uri"] for i, st in states.items()}
+        assert sorted(uris) == [0, 1] and uris[0] != uris[1]
+        assert all(st["finished"]["final_checkpoint"]["step"] == 20 for st in states.values())
+        assert all(st["attempts"][0]["step_start"] == 0 for st in states.values())
+    else:
+        assert dr.state == "failed"
+        assert list(states) == [0] and states[0]["finished"]  # map index 1 never started a job
+        owner = json.loads((tmp_path / "mapped-shared" / "job-owner.json").read_text())
+        assert owner["map_index"] == 0
