@@ -218,3 +218,22 @@ def test_a_command_that_cannot_start_is_an_application_failure(
     assert st.outcome is Outcome.APP_FAILURE and st.exit_code == code
     assert reason in st.reason
     assert reason in b.log_tail(h)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"time_scale": True}, "backend.time_scale"),
+        ({"time_scale": float("nan")}, "backend.time_scale"),
+        ({"grace_s": "2"}, "backend.grace_s"),
+        ({"notice_s": -1}, "backend.notice_s"),
+        ({"pool_cooldown_h": float("inf")}, "backend.pool_cooldown_h"),
+        ({"offset": -3}, "backend.offset"),
+    ],
+)
+def test_bad_backend_settings_name_the_field(kwargs: dict, field: str) -> None:
+    from airflow_spot.exceptions import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        LocalBackend(**kwargs)
+    assert e.value.field == field

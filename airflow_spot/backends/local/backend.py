@@ -18,7 +18,7 @@ from typing import Any
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
-from airflow_spot.exceptions import BackendError, ConfigError
+from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 
 log = logging.getLogger("airflow_spot.local")
 
@@ -58,15 +58,19 @@ class LocalBackend:
     name = "local"
 
     def __post_init__(self) -> None:
-        if not self.time_scale > 0:
+        if not finite_number(self.time_scale) or self.time_scale <= 0:
             raise ConfigError(
                 "backend.time_scale",
-                f"must be > 0 (trace seconds per wall second), got {self.time_scale}",
+                f"must be > 0 (trace seconds per wall second), got {self.time_scale!r}",
             )
         if len({p.name for p in self.pools}) != len(self.pools):
             raise ConfigError("backend.pools", "pool names must be unique")
-        if self.notice_s < 0 or self.grace_s < 0:
-            raise ConfigError("backend.grace_s", "notice_s and grace_s must be >= 0 seconds")
+        for name in ("notice_s", "grace_s", "pool_cooldown_h"):
+            v = getattr(self, name)
+            if not finite_number(v) or v < 0:
+                raise ConfigError(f"backend.{name}", f"must be a number >= 0, got {v!r}")
+        if not isinstance(self.offset, int) or isinstance(self.offset, bool) or self.offset < 0:
+            raise ConfigError("backend.offset", f"must be a tick index >= 0, got {self.offset!r}")
 
     # -- configuration ----------------------------------------------------------------------
     def trace_path(self) -> str:
