@@ -134,19 +134,30 @@ class JobState:
             del self.decisions[:-MAX_DECISIONS]
 
     # -- measurement ------------------------------------------------------------------------
+    def _runs(self) -> list[tuple[int, float]]:
+        """(steps, market seconds) of steady-state training of each attempt that reported."""
+        return [
+            (
+                max(0, a.step_end - a.first_step),
+                max(0.0, (a.last_step_at - a.first_step_at) * self.time_scale),
+            )
+            for a in self.attempts
+            if a.first_step is not None
+            and a.step_end is not None
+            and a.last_step_at
+            and a.first_step_at
+        ]
+
     def throughput(self) -> tuple[int, float]:
         """(steps, market seconds) of steady-state training seen across attempts."""
-        steps, secs = 0, 0.0
-        for a in self.attempts:
-            if (
-                a.first_step is not None
-                and a.step_end is not None
-                and a.last_step_at
-                and a.first_step_at
-            ):
-                steps += max(0, a.step_end - a.first_step)
-                secs += max(0.0, (a.last_step_at - a.first_step_at) * self.time_scale)
-        return steps, secs
+        runs = self._runs()
+        return sum(n for n, _ in runs), sum(t for _, t in runs)
+
+    def latest_seconds_per_step(self, min_steps: int) -> float | None:
+        """Market seconds per step of the latest attempt that ran ``min_steps`` steps (the
+        live one included): capacity of another kind, a slower instance or a busier node
+        shows here before it moves the mean."""
+        return next((t / n for n, t in reversed(self._runs()) if n >= min_steps and t > 0), None)
 
     def measured_changeover_s(self, seconds_per_step: float) -> float | None:
         """Mean market seconds from capacity granted until training began: the first progress

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_spot.controller")
 MAX_INFRA_DISRUPTIONS = 20
 MIN_STEPS_FOR_RATE = 10
+GUARD_SHARE = 0.02  # of the work left, kept back from the deadline for throughput noise
 
 
 @dataclass
@@ -412,6 +413,22 @@ class Controller:
         assert self.op.expected_compute is not None  # validated at parse time
         return self.op.expected_compute.total_seconds() * self.state.time_scale / total
 
+    def _guard(self, steps_left: int, sps: float, work_s: float, changeover: float) -> float:
+        """Market seconds the policy keeps back from the deadline for what the plan takes as
+        certain but a live run is not: the latest attempt running slower than the mean rate,
+        GUARD_SHARE of the work left (throughput noise), and two looks (a finish or a verdict
+        is seen up to a look late). Never more than the whole job's slack (the policy then
+        plans with none, and the feasibility check uses the true deadline)."""
+        st = self.state
+        latest = st.latest_seconds_per_step(MIN_STEPS_FOR_RATE) or sps
+        left = max(0, steps_left)
+        guard = (
+            left * max(0.0, latest - sps)
+            + GUARD_SHARE * left * sps
+            + 2 * self.op.poll_interval * st.time_scale
+        )
+        return min(guard, max(0.0, st.deadline_s - work_s - changeover))
+
     def _decide(self, now: float, spot: bool | None) -> tuple[Decision, JobSpec, Observation]:
         st = self.state
         latest = self.checkpoints.latest_manifest()
@@ -435,10 +452,11 @@ class Controller:
             if live.capacity == Capacity.ON_DEMAND.value:
                 done_steps = reported  # on-demand progress is not taken back (spot's may be)
         work_s, done_s, now_m = total * sps, done_steps * sps, st.market_s(now)
+        guard = self._guard(total - reported, sps, work_s, changeover)
         try:
             job = JobSpec(
                 work_s,
-                st.deadline_s,
+                st.deadline_s - guard,
                 changeover,
                 self.op.spot_price,
                 self.op.on_demand_price,

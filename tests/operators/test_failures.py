@@ -279,3 +279,34 @@ def test_execution_timeout_in_the_worker_goes_through_the_failure_handler(
     assert bool(state.get("failed")) is (max_tries == 0)
     op.on_kill()  # as the task runner does after the timeout
     assert read_status(state["attempts"][0]["handle"]).terminal
+
+
+def test_the_policy_keeps_a_guard_for_a_slower_latest_attempt_and_noise(tmp_path: Path) -> None:
+    """Spot ran at 1 s per step, the latest (on-demand) attempt runs at 1.5 s: the policy's
+    deadline is moved earlier by the extra 0.5 s for every step left, 2 % of the work left and
+    two looks, so it does not plan on the faster mean and finish late; never by more than the
+    whole job's slack."""
+    from airflow_spot.jobstate import AttemptRecord, JobState
+
+    def run(attempt: int, capacity: str, steps: int, secs: float) -> AttemptRecord:
+        return AttemptRecord(
+            attempt,
+            capacity,
+            {},
+            launched_at=0.0,
+            first_step=0,
+            first_step_at=1.0,
+            step_end=steps,
+            last_step_at=1.0 + secs,
+        )
+
+    op = _op(tmp_path, timedelta(hours=1))
+    state = JobState(started_at=0.0, deadline_at=3600.0)
+    state.attempts = [run(1, "spot", 100, 100.0), run(2, "on_demand", 20, 30.0)]
+    ctl = Controller(op, state, make_context(FileTaskStateStore(tmp_path / "s.json")))
+    sps = 130.0 / 120.0
+    guard = ctl._guard(100, sps, 400 * sps, 30.0)
+    assert guard == pytest.approx(100 * (1.5 - sps) + 0.02 * 100 * sps + 2 * 0.1)
+    assert ctl._guard(100, sps, 3550.0, 30.0) == pytest.approx(20.0)  # capped by the slack
+    state.attempts.append(run(3, "spot", 50, 25.0))  # the latest is faster: noise and looks only
+    assert ctl._guard(100, 1.0, 400.0, 30.0) == pytest.approx(0.02 * 100 + 0.2)
