@@ -142,16 +142,21 @@ class Checkpoints:
                 continue
         return None
 
-    def claim(self, owner: dict[str, Any]) -> dict[str, Any] | None:
-        """Record ``owner`` (who trains into this location) if no one is recorded yet, in one
-        conditional write; otherwise leave the record and return it (``{}`` if unreadable)."""
-        if self.store.create(OWNER, json.dumps(owner, sort_keys=True).encode()):
+    def claim(self, owner: dict[str, Any], key: str = OWNER) -> dict[str, Any] | None:
+        """Record ``owner`` (who trains into this location) under ``key`` if no one is
+        recorded there yet, in one conditional write; otherwise leave the record and return it
+        (``{}`` if unreadable)."""
+        if self.store.create(key, json.dumps(owner, sort_keys=True).encode()):
             return None
+        return self.owner(key) or {}
+
+    def owner(self, key: str = OWNER) -> dict[str, Any] | None:
+        """The owner recorded under ``key`` (None if there is none or it is unreadable)."""
         try:
-            prev = json.loads(self.store.get(OWNER))
+            rec = json.loads(self.store.get(key))
         except (CheckpointError, ValueError):
-            return {}
-        return prev if isinstance(prev, dict) else {}
+            return None
+        return rec if isinstance(rec, dict) else None
 
     def set_owner(self, owner: dict[str, Any]) -> None:
         self.store.put(OWNER, json.dumps(owner, sort_keys=True).encode())

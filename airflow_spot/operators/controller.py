@@ -439,6 +439,8 @@ class Controller:
                 "unknown: give total_steps or write it into the checkpoints' manifests",
             )
         st.total_steps = total
+        if latest is not None and latest.step >= total:
+            latest = self.checkpoints.latest_valid()  # done only if its files are whole
         sps = self.seconds_per_step(total)
         done_steps = latest.step if latest else 0
         scale = st.time_scale
@@ -463,9 +465,13 @@ class Controller:
                 tick_s=self.op.decision_interval.total_seconds() * scale,
                 max_preemptions=self.op.max_preemptions,
             )
-        except InfeasibleDeadline as e:
-            raise InfeasibleDeadline(
-                "deadline", f"at the measured {sps * total / HOUR:.2f} h for {total} steps: {e}"
+        except ConfigError as e:
+            if e.field != "deadline_s":
+                raise
+            raise InfeasibleDeadline(  # the work at the measured rate no longer fits
+                "deadline",
+                f"at the measured {sps:.1f} s per step ({sps * total / HOUR:.2f} h for {total} "
+                f"steps): {e}",
             ) from e
         cap = Capacity(live.capacity) if live else Capacity.NONE
         left = 0.0

@@ -14,9 +14,12 @@ files constantly.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import numbers
 import os
+import re
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -29,7 +32,6 @@ from airflow_spot.exceptions import (
     BackendError,
     BudgetExhausted,
     ConfigError,
-    InfeasibleDeadline,
     finite_number,
 )
 from airflow_spot.operators.links import SpotTimelineLink
@@ -112,7 +114,7 @@ class SpotTrainingOperator(BaseOperator):
         if "retry_policy" not in kwargs:
             kwargs["retry_policy"] = default_retry_policy()
         super().__init__(**kwargs)
-        self.command = command
+        self.command = _argv(command)
         self.checkpoint_uri = (
             os.fspath(checkpoint_uri) if isinstance(checkpoint_uri, os.PathLike) else checkpoint_uri
         )
@@ -132,24 +134,33 @@ class SpotTrainingOperator(BaseOperator):
         self.deferrable = deferrable
         self._validate_static()
 
-    @classmethod
-    def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
-        """As :meth:`BaseOperator.partial`, but the arguments given here are checked now (at
-        parse time), not first when a mapped instance runs."""
-        check_arguments({k: v for k, v in kwargs.items() if k in ARGUMENTS}, partial=True)
-        return super().partial(**kwargs)
-
     # -- validation -------------------------------------------------------------------------
     def _validate_static(self) -> None:
         """Everything checkable when the DAG is parsed, without disk, network or clock."""
         check_arguments({name: getattr(self, name) for name in ARGUMENTS})
 
+    def _check_rendered(self) -> None:
+        """The templated fields once rendered (or resolved from XCom), checked as at parse
+        time: a native-rendered command's numbers become strings; a number or None as the
+        deadline, a blank command or a relative path for Kubernetes fail here, naming them."""
+        self.command = _argv(self.command)
+        if isinstance(self.checkpoint_uri, os.PathLike):
+            self.checkpoint_uri = os.fspath(self.checkpoint_uri)
+        names = (*self.template_fields, "expected_compute", "changeover", "backend")
+        check_arguments({name: getattr(self, name) for name in names}, partial=True)
+
     def _check_deadline_span(self, span: timedelta) -> None:
+        """When the task starts: the deadline must leave room for the work; a decision
+        interval too coarse for the slack left only costs money, so it is a warning here (a
+        deadline known at parse time was checked then)."""
         assert self.expected_compute is not None  # validated before
         check_span(span, self.expected_compute, self.changeover)
-        check_decision_interval(
-            self.decision_interval, span - self.expected_compute - self.changeover
-        )
+        try:
+            check_decision_interval(
+                self.decision_interval, span - self.expected_compute - self.changeover
+            )
+        except ConfigError as e:
+            self.log.warning("%s", e)
 
     def _resolve_deadline(self, started_at: float) -> float:
         """The deadline as wall-clock seconds, once templates are rendered (task start)."""
@@ -170,6 +181,7 @@ class SpotTrainingOperator(BaseOperator):
 
     # -- Airflow entry points ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
+        self._check_rendered()
         store = context["task_state_store"]
         raw: Any = store.get(STATE_KEY)
         from airflow_spot.jobstate import JobState
@@ -223,17 +235,23 @@ class SpotTrainingOperator(BaseOperator):
             else "template it per run (e.g. '.../{{ ds }}' or '.../{{ run_id }}')"
         )
         ckpts = Checkpoints(open_store(str(self.checkpoint_uri)))
-        prev = ckpts.claim(me)
-        theirs = {k: (prev or {}).get(k) for k in me}
-        other = prev is not None and theirs != me
-        if other and {**theirs, "map_index": None} == {**me, "map_index": None}:
+        # one record per task and run, claimed in one conditional write: of two map indexes
+        # starting together exactly one gets it, whatever earlier runs left here
+        run = hashlib.sha1(f"{me['dag_id']}/{me['task_id']}/{me['run_id']}".encode())
+        first = ckpts.claim(me, f"job-owner-{run.hexdigest()[:16]}.json")
+        if first is not None and first.get("map_index") != me["map_index"]:
             raise ConfigError(
                 "checkpoint_uri",
-                f"{self.checkpoint_uri} is already used by map index {theirs['map_index']} "
+                f"{self.checkpoint_uri} is already used by map index {first.get('map_index')} "
                 f"of this task in this run; mapped instances each need their own location: "
                 f"{fix}",
             )
+        prev = ckpts.owner()  # the last task instance that trained here
+        theirs = {k: (prev or {}).get(k) for k in me}
+        other = theirs != me
         m = ckpts.latest_manifest()
+        if m is not None and (self.total_steps or m.total_steps or 0) <= m.step:
+            m = ckpts.latest_valid()  # complete work counts only if its files are whole
         if m is not None:
             total = self.total_steps or m.total_steps
             saved = datetime.fromtimestamp(m.created, timezone.utc).isoformat(timespec="seconds")
@@ -311,20 +329,26 @@ class SpotTrainingOperator(BaseOperator):
                 raise
             state = JobState.from_dict(raw)
             err: BaseException = e
-            now = time.time()
             if isinstance(e, TaskDeferralTimeout):
-                if now >= state.deadline_at:
-                    err = InfeasibleDeadline(
-                        "deadline",
-                        f"passed {_h(timedelta(seconds=now - state.deadline_at))} ago while the "
-                        "task was deferred (its trigger timed out; was the triggerer down?)",
-                    )
-                else:
-                    err = AirflowTaskTimeout(
-                        f"execution_timeout ({self.execution_timeout}) reached while deferred"
-                    )
+                if not self._past_execution_timeout(state, time.time()):
+                    # the deferral outlived the deadline (was the triggerer down?): look now;
+                    # finished work ends the job (late), work left fails it as infeasible
+                    from airflow_spot.triggers.events import EventKind, SpotEvent
+
+                    self.log.warning("The trigger timed out: looking at the attempt here.")
+                    return self._step(context, state, SpotEvent(EventKind.TICK, time.time()))
+                err = AirflowTaskTimeout(
+                    f"execution_timeout ({self.execution_timeout}) reached while deferred"
+                )
             self._fail_try(context, state, err)
+            if err is e:
+                raise
             raise err from e
+
+    def _past_execution_timeout(self, state: JobState, now: float) -> bool:
+        if self.execution_timeout is None or state.try_started_at is None:
+            return False
+        return now >= state.try_started_at + self.execution_timeout.total_seconds() - 1.0
 
     def _fail_try(self, context: Context, state: JobState, error: BaseException) -> None:
         """This try fails with ``error``. A passing error with tries left keeps the live
@@ -482,9 +506,9 @@ def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
     With ``partial`` (``SpotTrainingOperator.partial(...)``), a missing argument may still come
     from ``expand()`` and is not an error.
     """
-    v = {k: x for k, x in values.items() if not _later(x)}
+    v = {k: x for k, x in values.items() if not _later(k, x)}
     for name, fix in REQUIRED.items():
-        if name in values and not values[name] and not _later(values[name]):
+        if name in values and not values[name] and not _later(name, values[name]):
             raise ConfigError(name, fix)
         if not partial and name not in values:
             raise ConfigError(name, fix)
@@ -556,17 +580,16 @@ def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
             )
     if "backend" in v:
         _check_backend(v["backend"])
-        if (
-            getattr(v["backend"], "name", "") == "kubernetes"
-            and isinstance(uri, str)
-            and "://" not in uri
-            and not uri.startswith("/")
-        ):
-            raise ConfigError(
-                "checkpoint_uri",
-                f"{uri!r} is a relative path: the worker and the pod would read different "
-                "places; use s3://bucket/prefix, or an absolute path on a volume both mount",
-            )
+        raw_uri = values.get("checkpoint_uri")
+        if getattr(v["backend"], "name", "") == "kubernetes" and isinstance(raw_uri, str):
+            literal = re.split(r"\{[{%#]", raw_uri, maxsplit=1)[0]  # before any template
+            if literal and "://" not in raw_uri and not literal.startswith("/"):
+                raise ConfigError(
+                    "checkpoint_uri",
+                    f"{raw_uri!r} is a relative path: the worker and the pod would read "
+                    "different places; use s3://bucket/prefix, or an absolute path on a volume "
+                    "both mount",
+                )
     if "deadline" in v:
         _check_deadline(v["deadline"], v.get("expected_compute"), v.get("changeover"), v)
 
@@ -593,8 +616,19 @@ def _check_command(cmd: Any) -> None:
             raise ConfigError(
                 "command",
                 f"item {i} is {part!r} ({type(part).__name__}); every item must be a non-empty "
-                "string (write numbers as '3')",
+                "string or a number",
             )
+
+
+def _argv(command: Any) -> Any:
+    """A command list with its numbers as strings (``--steps 100`` rendered natively, or
+    built in Python, gives an int); anything else is left for the checks."""
+    if isinstance(command, (list, tuple)):
+        return [
+            str(c) if isinstance(c, numbers.Real) and not isinstance(c, bool) else c
+            for c in command
+        ]
+    return command
 
 
 def _check_backend(backend: Any) -> None:
@@ -630,11 +664,10 @@ def _check_deadline(dl: Any, work: Any, changeover: Any, given: dict[str, Any]) 
             "deadline",
             f"must be a datetime, a timedelta or a string, got {type(dl).__name__}",
         )
-    if _positive_td(work):
-        co = changeover if isinstance(changeover, timedelta) else timedelta(minutes=5)
-        check_span(dl, work, co)
+    if _positive_td(work) and isinstance(changeover, timedelta):
+        check_span(dl, work, changeover)
         if "decision_interval" in given:
-            check_decision_interval(given["decision_interval"], dl - work - co)
+            check_decision_interval(given["decision_interval"], dl - work - changeover)
 
 
 def check_span(span: timedelta, work: timedelta, changeover: timedelta) -> None:
@@ -661,10 +694,13 @@ def check_decision_interval(interval: timedelta, slack: timedelta) -> None:
         )
 
 
-def _later(value: Any) -> bool:
-    """Resolved when the task starts: a Jinja template or an XComArg."""
+def _later(name: str, value: Any) -> bool:
+    """Resolved when the task starts: a Jinja template or an XComArg in a templated field
+    (Airflow resolves nothing else; an XComArg anywhere else is checked, and refused, now)."""
     from airflow.sdk.definitions._internal.mixins import ResolveMixin
 
+    if name not in SpotTrainingOperator.template_fields:
+        return False
     return _templated(value) or isinstance(value, ResolveMixin)
 
 
@@ -674,6 +710,36 @@ def _integer(n: Any) -> bool:
 
 def _positive_td(td: Any) -> bool:
     return isinstance(td, timedelta) and td > timedelta(0)
+
+
+def _checked_partial(cls: type[SpotTrainingOperator], **kwargs: Any) -> Any:
+    """As ``BaseOperator.partial``, but the arguments given here are checked now (at parse
+    time), not first when a mapped instance runs."""
+    from airflow.sdk.bases.operator import partial
+
+    uri = kwargs.get("checkpoint_uri")
+    if isinstance(uri, os.PathLike):
+        kwargs["checkpoint_uri"] = os.fspath(uri)
+    check_arguments({k: v for k, v in kwargs.items() if k in ARGUMENTS}, partial=True)
+    return partial(cls, **kwargs)
+
+
+class _Partial:
+    """``SpotTrainingOperator.partial``: checked, and refused on a task (as Airflow's is)."""
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is not None:
+
+            def partial(**kwargs: Any) -> Any:
+                raise TypeError(
+                    "partial can only be called on Operator classes, not Tasks themselves"
+                )
+
+            return partial
+        return functools.partial(_checked_partial, cls)
+
+
+SpotTrainingOperator.partial = _Partial()  # type: ignore[assignment,method-assign]
 
 
 def _tries_left(context: Context) -> bool:
@@ -703,7 +769,7 @@ def default_retry_policy():
 
 
 def _templated(value: Any) -> bool:
-    return isinstance(value, str) and "{{" in value
+    return isinstance(value, str) and any(m in value for m in ("{{", "{%", "{#"))
 
 
 def _h(td: timedelta) -> str:

@@ -117,3 +117,36 @@ def test_mapped_instances_sharing_one_location_is_an_error(tmp_path: Path) -> No
         _op(tmp_path).execute(
             make_context(FileTaskStateStore(tmp_path / "n.json"), run_id="next", map_index=1)
         )
+
+
+def test_an_earlier_runs_record_does_not_hide_a_sibling(tmp_path: Path) -> None:
+    """A location an earlier run trained into (its record left behind): of two map indexes
+    of the next run checking it before either trains, exactly the second is refused."""
+    Checkpoints(LocalStore(tmp_path / "ckpt")).set_owner(
+        {"dag_id": "dag", "task_id": "train", "run_id": "earlier", "map_index": 0}
+    )
+    op = _op(tmp_path)
+    op._check_earlier_checkpoints(make_context(FileTaskStateStore(tmp_path / "a"), map_index=0))
+    with pytest.raises(ConfigError, match="already used by map index 0"):
+        op._check_earlier_checkpoints(make_context(FileTaskStateStore(tmp_path / "b"), map_index=1))
+    op._check_earlier_checkpoints(make_context(FileTaskStateStore(tmp_path / "c"), map_index=0))
+
+
+def test_a_corrupt_complete_checkpoint_does_not_block_the_valid_one_before_it(
+    tmp_path: Path, capfd
+) -> None:
+    """The newest checkpoint says 'complete' but a file of it is corrupt: the new job resumes
+    from the valid one before it and trains to the end (it refused to start, and the
+    controller took the manifest for finished work and looked again for ever)."""
+    op = _op(tmp_path)
+    env = {"AIRFLOW_SPOT_CHECKPOINT_URI": str(tmp_path / "ckpt"), "PATH": "/usr/bin:/bin"}
+    subprocess.run(op.command, env=env, check=True, timeout=60)
+    ckpts = Checkpoints(LocalStore(tmp_path / "ckpt"))
+    newest = ckpts.manifests()[0]
+    data = next(k for k in ckpts.store.list(newest) if not k.endswith("MANIFEST.json"))
+    ckpts.store.put(data, b"garbage")
+    assert ckpts.latest_manifest().step == STEPS and ckpts.latest_valid().step == 15
+    summary = op.execute(make_context(FileTaskStateStore(tmp_path / "s.json")))
+    assert "already holds step 15 of 20" in "".join(capfd.readouterr())
+    assert summary["final_checkpoint"]["step"] == STEPS and len(summary["attempts"]) == 1
+    assert ckpts.latest_valid().step == STEPS

@@ -228,14 +228,45 @@ def test_a_trigger_timeout_past_the_deadline_is_a_missed_deadline(tmp_path: Path
     with pytest.raises(TaskDeferred):
         op.execute(make_context(store, try_number=1, max_tries=3))
     raw = store.get(STATE_KEY)
-    raw["deadline_at"] = time.time() - 4000
+    raw["started_at"], raw["deadline_at"] = time.time() - 8000, time.time() - 4000
     store.set(STATE_KEY, raw)
-    with pytest.raises(InfeasibleDeadline, match="deadline: passed 1.11 h ago"):
+    with pytest.raises(InfeasibleDeadline, match="deadline: cannot be met any more"):
         op.resume_execution(
             "__fail__", {"error": "Trigger timeout"}, make_context(store, try_number=1, max_tries=3)
         )
     assert read_status(raw["attempts"][0]["handle"]).terminal
     assert store.get(STATE_KEY)["failed"]["error"] == "InfeasibleDeadline"
+
+
+def test_a_trigger_timeout_after_the_work_finished_ends_the_job_late(tmp_path: Path) -> None:
+    """The training finished while the triggerer was down and the deadline passed: the job
+    ends with its summary (deadline missed), not as an infeasible failure."""
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(tmp_path, timedelta(hours=1))
+    op.command = [
+        sys.executable,
+        "-m",
+        "airflow_spot.examples.train_logreg",
+        "--steps",
+        "20",
+        "--save-every",
+        "5",
+    ]
+    op.total_steps = 20
+    with pytest.raises(TaskDeferred):
+        op.execute(make_context(store, try_number=1, max_tries=3))
+    raw = store.get(STATE_KEY)
+    handle = raw["attempts"][0]["handle"]
+    until = time.time() + 60
+    while not read_status(handle).terminal and time.time() < until:
+        time.sleep(0.1)
+    raw["deadline_at"] = time.time() - 60
+    store.set(STATE_KEY, raw)
+    summary = op.resume_execution(
+        "__fail__", {"error": "Trigger timeout"}, make_context(store, try_number=1, max_tries=3)
+    )
+    assert summary["final_checkpoint"]["step"] == 20 and summary["deadline_met"] is False
+    assert store.get(STATE_KEY)["finished"] and not store.get(STATE_KEY).get("failed")
 
 
 def test_execution_timeout_bounds_a_deferred_try(tmp_path: Path) -> None:
@@ -250,6 +281,9 @@ def test_execution_timeout_bounds_a_deferred_try(tmp_path: Path) -> None:
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(make_context(store, try_number=1, max_tries=0))
     assert 25 < deferred.value.timeout.total_seconds() <= 30
+    raw = store.get(STATE_KEY)
+    raw["try_started_at"] -= 30  # the deferral ran its course
+    store.set(STATE_KEY, raw)
     with pytest.raises(AirflowTaskTimeout, match="reached while deferred"):
         op.resume_execution(
             "__fail__", {"error": "Trigger timeout"}, make_context(store, try_number=1, max_tries=0)
