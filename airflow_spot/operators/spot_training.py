@@ -419,7 +419,7 @@ class SpotTrainingOperator(BaseOperator):
                 result = ctl.advance(event)
                 store.set(STATE_KEY, state.to_dict())
                 if result.done:
-                    return xcom_summary(result.summary)
+                    return xcom_summary(result.summary or {})
                 self._live_handle = state.live.handle if state.live else None
                 if self.deferrable:
                     self.defer(
