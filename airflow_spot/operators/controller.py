@@ -502,8 +502,9 @@ class Controller:
             st.spot_last_down_s,
         )
         decision = self.policy.decide(job, obs)
-        if (
-            decision.capacity is Capacity.SPOT
+        if (  # budget spent: no more spot, and no waiting for it either
+            decision.capacity is not Capacity.ON_DEMAND
+            and decision.rule != "done"
             and self.op.max_preemptions is not None
             and st.preemptions > self.op.max_preemptions
         ):
