@@ -382,6 +382,7 @@ class Controller:
         snap.pop("decisions", None)
         snap["finished_hours"] = None
         snap["deadline_met"] = deadline_met
+        snap["savings"] = None  # against the whole job on on-demand: only once it is done
         return snap
 
     def _emit(self, summary: dict[str, Any]) -> None:

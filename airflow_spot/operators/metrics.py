@@ -25,6 +25,8 @@ def emit(summary: dict[str, Any], dag_id: str, task_id: str, stats: Any = None) 
     }
     for name, value in counters.items():
         stats.incr(name, count=int(value), tags=tags)
+    if gauges["spot_training.savings"] is None:  # a job that did not finish saved nothing
+        del gauges["spot_training.savings"]
     for name, value in gauges.items():
         stats.gauge(name, float(value), tags=tags)
     return {**counters, **gauges}

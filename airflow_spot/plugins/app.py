@@ -83,7 +83,7 @@ async function load() {
     <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}</td><td class="l">${e(x.state)}</td>
     <td class="l ${x.now == "failed" ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
     <td>${f(x.estimated_finish_hours)}</td><td>${f(x.spot_hours)}</td><td>${f(x.on_demand_hours)}</td><td>${f(x.idle_hours)}</td>
-    <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${f(100 * x.savings, 1)} %</td><td>${Number(x.preemptions)}</td>
+    <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${x.savings == null ? "" : f(100 * x.savings, 1) + " %"}</td><td>${Number(x.preemptions)}</td>
     <td>${f(x.work_lost_hours)}</td><td class="l"><a href="timeline?dag_id=${encodeURIComponent(x.dag_id)}&run_id=${encodeURIComponent(x.run_id)}&task_id=${encodeURIComponent(x.task_id)}&map_index=${Number(x.map_index)}">timeline</a></td></tr>`).join("");
   document.getElementById("stamp").textContent = rows.length + " task instances, updated " + new Date().toLocaleTimeString();
 }
@@ -178,7 +178,7 @@ def timeline(
         )
     figures = (
         f"cost <b>${summary.get('cost', 0):.2f}</b> vs ${summary.get('on_demand_cost', 0):.2f} all on-demand "
-        f"(savings <b>{100 * summary.get('savings', 0):.1f} %</b>), spot {summary.get('spot_hours', 0):.2f} h, "
+        f"(savings <b>{_pct(summary.get('savings'))}</b>), spot {summary.get('spot_hours', 0):.2f} h, "
         f"on-demand {summary.get('on_demand_hours', 0):.2f} h, idle {summary.get('idle_hours', 0):.2f} h, "
         f"preemptions <b>{int(state.get('preemptions') or 0)}</b>, work lost {summary.get('work_lost_hours', 0):.2f} h, "
         f"deadline {html.escape(_iso(state.get('deadline_at')) or '?')}: "
@@ -190,6 +190,10 @@ def timeline(
         f'<h3>{html.escape(dag_id)} / {html.escape(run_id)} / {html.escape(task_id)}</h3><p id="figures">{figures}</p>'
         f'{timeline_svg(state)}<h4>Decisions</h4><table id="decisions">{log}</table></body></html>'
     )
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f} %"
 
 
 def _verdict(state: dict, summary: dict) -> str:

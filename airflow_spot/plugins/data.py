@@ -48,7 +48,7 @@ def row(
         "idle_hours": summary.get("idle_hours", 0.0),
         "cost": summary.get("cost", 0.0),
         "on_demand_cost": summary.get("on_demand_cost", 0.0),
-        "savings": summary.get("savings", 0.0),
+        "savings": summary.get("savings") if state.get("finished") else None,
         "preemptions": state.get("preemptions", 0),
         "work_lost_hours": summary.get("work_lost_hours", 0.0),
         "deadline_met": _deadline_met(state, summary),

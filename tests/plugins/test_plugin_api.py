@@ -184,6 +184,10 @@ def test_metrics_are_sent_tagged() -> None:
     assert got[("gauge", "spot_training.spot_seconds")] == 7200.0
     assert got[("gauge", "spot_training.work_lost_seconds")] == 1800.0
     assert all(t == {"dag_id": "dag", "task_id": "train"} for *_, t in rec.calls)
+    rec.calls.clear()  # a job that failed for good: no savings figure
+    emit({"savings": None, "deadline_met": False, "cost": 3.0}, "dag", "train", stats=rec)
+    assert {n for _, n, *_ in rec.calls} >= {"spot_training.cost"}
+    assert "spot_training.savings" not in {n for _, n, *_ in rec.calls}
 
 
 def _free_port() -> int:
@@ -299,12 +303,12 @@ def test_a_row_says_met_only_once_the_job_has_ended() -> None:
     missed its deadline and says 'failed', not 'idle'."""
     from airflow_spot.plugins.data import row
 
-    running = {"snapshot": {"deadline_met": True, "estimated_finish_hours": 50.0}}
+    running = {"snapshot": {"deadline_met": True, "estimated_finish_hours": 50.0, "savings": 1}}
     failed = {
-        "snapshot": {"deadline_met": True},
+        "snapshot": {"deadline_met": True, "savings": 0.99},
         "failed": {"error": "InfeasibleDeadline", "message": "deadline: cannot be met"},
     }
-    finished = {"finished": {"deadline_met": True, "finished_hours": 59.0}}
+    finished = {"finished": {"deadline_met": True, "finished_hours": 59.0, "savings": 0.6}}
     got = {
         name: row("d", "r", "t", -1, None, st, None)
         for name, st in (("running", running), ("failed", failed), ("finished", finished))
@@ -312,6 +316,8 @@ def test_a_row_says_met_only_once_the_job_has_ended() -> None:
     assert got["running"]["deadline_met"] is None
     assert (got["failed"]["deadline_met"], got["failed"]["now"]) == (False, "failed")
     assert (got["finished"]["deadline_met"], got["finished"]["now"]) == (True, "done")
+    # savings are against the whole job on on-demand: none until the job is done
+    assert [got[k]["savings"] for k in ("running", "failed", "finished")] == [None, None, 0.6]
 
 
 def test_the_decision_log_says_what_it_did_not_keep(monkeypatch) -> None:
