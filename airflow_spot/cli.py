@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -143,6 +144,12 @@ def _simulate(args: argparse.Namespace) -> int:
                 f"airflow-spot: {len(unpriced)} of {len(traces)} traces carry no spot prices "
                 f"(e.g. {unpriced[0]}); they are billed at --spot-price ${args.spot_price}/h",
                 file=sys.stderr,
+            )
+    for name in ("json", "plot"):  # before minutes of sweeping, not after
+        out = getattr(args, name)
+        if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
+            raise ConfigError(
+                f"--{name}", f"cannot write {out}: {out.parent} is not a writable folder"
             )
     on_demand = _on_demand_price(args, traces)
     policies = args.policy or ["greedy", "uniform_progress", "deadline_aware", "omniscient"]

@@ -134,6 +134,9 @@ def test_trace_prices_bill_on_demand_at_the_traces_own_price(capsys) -> None:
         (["--changeover", "0.123h"], "--changeover: omniscient needs whole seconds"),
         (["--gap", "700s"], "--gap: can only resample"),
         (["--deadline", "100h"], "--deadline: 100 h is longer than the shortest trace"),
+        (["--json", "/nonexistent-dir/x.json"], "--json: cannot write /nonexistent-dir/x.json"),
+        (["--policy", "nope"], "unknown policy 'nope'; choose one of "),
+        (["--policy", "nope"], "uniform_progress, omniscient"),
     ],
 )
 def test_bad_sweep_settings_are_errors_naming_the_flag(extra, message, capsys) -> None:

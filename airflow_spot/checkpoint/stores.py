@@ -137,21 +137,28 @@ class S3Store:
         """Write ``key`` only if it does not exist (S3 conditional write); False if it did."""
         from botocore.exceptions import ClientError
 
-        try:
-            self.client.put_object(
-                Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
-            )
-        except ClientError as e:
-            code = e.response.get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412"):
-                return False
-            if code not in ("NotImplemented", "501"):
-                raise
-            # an S3-compatible store without conditional writes: look, then write (racy)
-            if key in self.list(key):
-                return False
-            self.put(key, data)
-        return True
+        for _ in range(5):
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
+                )
+                return True
+            except ClientError as e:
+                code = e.response.get("Error", {}).get("Code")
+                if code in ("PreconditionFailed", "412"):
+                    return False
+                if code in ("ConditionalRequestConflict", "409"):
+                    continue  # a simultaneous write to the key: S3 says try again
+                if code not in ("NotImplemented", "501"):
+                    raise
+                # an S3-compatible store without conditional writes: look, then write (racy)
+                if key in self.list(key):
+                    return False
+                self.put(key, data)
+                return True
+        if key in self.list(key):
+            return False  # the other writer won
+        raise CheckpointError(f"{self.uri}/{key}: conditional write kept conflicting; try again")
 
     def get(self, key: str) -> bytes:
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from airflow_spot.exceptions import UnknownPolicy
 from airflow_spot.policy import HOUR, JobSpec, get_policy
 from airflow_spot.simulate.engine import replay
 from airflow_spot.simulate.omniscient import omniscient_costs
@@ -110,7 +111,12 @@ def sweep(
     policies = list(policies)
     for name in policies:
         if name != OMNISCIENT:
-            get_policy(name)  # fail fast on an unknown name
+            try:
+                get_policy(name)  # fail fast on an unknown name
+            except UnknownPolicy as e:
+                raise UnknownPolicy(
+                    "policy", f"{e.args[0].partition(': ')[2]}, {OMNISCIENT}"
+                ) from None
     tasks: list[tuple[Callable, tuple]] = []
     for s in settings:
         for name in policies:

@@ -237,3 +237,14 @@ def test_bad_backend_settings_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ConfigError) as e:
         LocalBackend(**kwargs)
     assert e.value.field == field
+
+
+def test_the_log_tail_reads_only_the_end(tmp_path: Path) -> None:
+    """A big attempt log: the tail comes from its last 64 KB, not the whole file in memory."""
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "attempt.log", "wb") as fh:
+        fh.write(b"x" * 50_000_000 + b"\n" + b"".join(b"line %d\n" % i for i in range(100)))
+    b = LocalBackend(work_dir=str(tmp_path))
+    assert b.log_tail({"run_dir": str(run)}).splitlines() == [f"line {i}" for i in range(85, 100)]
+    assert b.log_tail({"run_dir": str(tmp_path / "none")}) == "(no log)"

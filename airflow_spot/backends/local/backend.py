@@ -202,9 +202,12 @@ class LocalBackend:
         """The attempt's status; a supervisor that died without a verdict reads as ``lost``."""
         return read_status(handle)
 
-    def log_tail(self, handle: dict[str, Any], lines: int = 15) -> str:
+    def log_tail(self, handle: dict[str, Any], lines: int = 15, max_bytes: int = 64 * 1024) -> str:
+        """The last ``lines`` lines of the attempt's log (reads at most ``max_bytes``)."""
         try:
-            text = (Path(handle["run_dir"]) / "attempt.log").read_text(errors="replace")
+            with open(Path(handle["run_dir"]) / "attempt.log", "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - max_bytes))
+                text = fh.read().decode(errors="replace")
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])

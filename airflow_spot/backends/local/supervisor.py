@@ -17,6 +17,7 @@ outcome is ``cancelled``. Nothing is left running.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -29,6 +30,8 @@ from typing import Any
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
 from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
 
+# errors that say the command itself cannot run (not the host): the application's failure
+COMMAND_ERRNOS = {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR}
 POLL_S = 0.02
 OOM_EXIT = 137
 
@@ -149,10 +152,12 @@ class Supervisor:
                 cwd=cwd,
             )
         except OSError as e:
+            if e.errno not in COMMAND_ERRNOS:
+                raise  # the host's trouble (fork: EAGAIN, ENOMEM): an infrastructure disruption
             prog = self.spec["command"][0]
             if cwd is not None and e.filename == cwd:
                 why, code = f"working directory {cwd!r} cannot be used ({e.strerror})", 126
-            elif isinstance(e, FileNotFoundError):
+            elif e.errno == errno.ENOENT:
                 why, code = f"command not found: {prog!r} (not on PATH or no such file)", 127
             else:
                 why, code = f"command {prog!r} cannot be run ({e.strerror})", 126
