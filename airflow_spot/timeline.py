@@ -51,7 +51,10 @@ def plot_timeline(summary: dict[str, Any], out: Path, title: str = "spot trainin
         bbox_to_anchor=(0.5, -0.05),
         frameon=False,
     )
-    xs, ys = [0.0], [0.0]
+    omitted = int(summary.get("segments_omitted") or 0)
+    if omitted:  # a bounded XCom summary: draw what it holds, no line from the origin
+        ax_bar.set_title(f"{title} (the first {omitted} segments are not in this summary)")
+    xs, ys = ([], []) if omitted else ([0.0], [0.0])
     for s in segs:
         xs += [s["start_s"] / 3600, s["end_s"] / 3600]
         ys += [s["progress_start_s"] / 3600, s["progress_end_s"] / 3600]
