@@ -51,6 +51,26 @@ def make_context(store: FileTaskStateStore, **ti: Any) -> dict[str, Any]:
     return {"task_state_store": store, "ti": FakeTaskInstance(**ti)}
 
 
+def train_command(
+    steps: int,
+    *,
+    step_seconds: float | None = None,
+    save_every: int | None = None,
+    seed: int | None = None,
+) -> list[str]:
+    """The command of the bundled example training (a numpy logistic regression that
+    checkpoints through ``TrainingSession``), with the given options."""
+    argv = [sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", str(steps)]
+    for flag, value in (
+        ("--step-seconds", step_seconds),
+        ("--save-every", save_every),
+        ("--seed", seed),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
 def scripted_trace(
     path: str | Path,
     pattern: list[tuple[bool, int]],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import boto3
@@ -13,6 +12,7 @@ import pytest
 
 from airflow_spot.checkpoint import Checkpoints, open_store
 from airflow_spot.checkpoint.stores import S3Store
+from airflow_spot.testing import train_command
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +62,7 @@ def test_s3_round_trip_retention_and_corruption(s3_server) -> None:
 def test_training_resumes_from_s3(s3_server, tmp_path: Path) -> None:
     """The example training job checkpoints to S3 and a second run resumes from it to the same model."""
     env = {**os.environ, **s3_server}
-    args = [
-        sys.executable,
-        "-m",
-        "airflow_spot.examples.train_logreg",
-        "--steps",
-        "40",
-        "--save-every",
-        "10",
-        "--seed",
-        "3",
-    ]
+    args = train_command(40, save_every=10, seed=3)
     subprocess.run(
         args + ["--checkpoint-uri", "s3://spot-ckpt/resume"],
         env=env,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG
 
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.operators import SpotTrainingOperator
+from airflow_spot.testing import train_command
 
 ROOT = os.environ.get("SPOT_K8S_DIR", "/tmp/airflow-spot-k8s")
 KUBECONFIG = os.environ.get("SPOT_K8S_KUBECONFIG", ROOT + "/kubeconfig")
@@ -22,19 +22,7 @@ with DAG(
         task_id="train",
         command=os.environ.get("SPOT_K8S_COMMAND", "").split("|")
         if os.environ.get("SPOT_K8S_COMMAND")
-        else [
-            sys.executable,
-            "-m",
-            "airflow_spot.examples.train_logreg",
-            "--steps",
-            str(STEPS),
-            "--step-seconds",
-            "0.05",
-            "--save-every",
-            "5",
-            "--seed",
-            "7",
-        ],
+        else train_command(STEPS, step_seconds=0.05, save_every=5, seed=7),
         checkpoint_uri=ROOT + "/ckpt/{{ run_id | replace(':', '_') | replace('+', '_') }}",
         expected_compute=timedelta(seconds=STEPS * 0.05),
         total_steps=STEPS,

@@ -10,6 +10,7 @@ from airflow.sdk import DAG
 
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.operators import SpotTrainingOperator
+from airflow_spot.testing import train_command
 
 ROOT = os.environ.get("SPOT_TEST_DIR", "/tmp/airflow-spot-test")
 TRACE = os.environ.get("SPOT_TEST_TRACE", "bundled:cant-be-late/us-west-2a_v100_1/8.json")
@@ -18,20 +19,8 @@ SCALE = float(os.environ.get("SPOT_TEST_SCALE", "1800"))
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def _train(steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "airflow_spot.examples.train_logreg",
-        "--steps",
-        str(steps),
-        "--step-seconds",
-        "0.05",
-        "--save-every",
-        "5",
-        "--seed",
-        "7",
-    ]
+def _train(steps: int, seed: int = 7) -> list[str]:
+    return train_command(steps, step_seconds=0.05, save_every=5, seed=seed)
 
 
 with DAG(
@@ -95,4 +84,4 @@ with DAG("spot_test_mapped", schedule=None, start_date=START, catchup=False) as 
         ),
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,
-    ).expand(command=[_train(20), [*_train(20)[:-1], "8"]])  # seeds 7 and 8
+    ).expand(command=[_train(20), _train(20, seed=8)])

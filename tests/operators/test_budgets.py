@@ -3,7 +3,6 @@ for spot it may no longer use), or fails with on_preemption_budget='fail'."""
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from airflow_spot.backends.local import LocalBackend
 from airflow_spot.exceptions import PreemptionBudgetExhausted
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
-from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 
 # spot up 40 min, then down 100 min, then up (600 s ticks); at 600x a tick is one wall second
 MARKET = [(True, 4), (False, 10), (True, 500)]
@@ -23,17 +22,7 @@ def _op(tmp_path: Path, action: str) -> SpotTrainingOperator:
     trace = scripted_trace(tmp_path / "t.json", MARKET)
     return SpotTrainingOperator(
         task_id="train",
-        command=[
-            sys.executable,
-            "-m",
-            "airflow_spot.examples.train_logreg",
-            "--steps",
-            "200",
-            "--step-seconds",
-            "0.05",
-            "--save-every",
-            "5",
-        ],
+        command=train_command(200, step_seconds=0.05, save_every=5),
         checkpoint_uri=str(tmp_path / "ckpt"),
         expected_compute=timedelta(seconds=10),
         total_steps=200,

@@ -5,7 +5,6 @@ a task instance that already finished returns its own summary instead of a new e
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +16,7 @@ from airflow_spot.checkpoint import Checkpoints, LocalStore
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
-from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 
 STEPS = 20
 
@@ -29,10 +28,9 @@ def _step(ckpts: Checkpoints) -> int:
 
 def _op(tmp_path: Path) -> SpotTrainingOperator:
     trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
-    command = [sys.executable, "-m", "airflow_spot.examples.train_logreg", "--steps", str(STEPS)]
     return SpotTrainingOperator(
         task_id="train",
-        command=[*command, "--step-seconds", "0.01", "--save-every", "5"],
+        command=train_command(STEPS, step_seconds=0.01, save_every=5),
         checkpoint_uri=str(tmp_path / "ckpt"),
         expected_compute=timedelta(seconds=1),
         total_steps=STEPS,

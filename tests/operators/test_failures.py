@@ -16,7 +16,7 @@ from airflow_spot.backends.local.backend import read_status
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.controller import Controller
 from airflow_spot.operators.spot_training import STATE_KEY
-from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
 TICK = SpotEvent(EventKind.TICK, time.time())
@@ -243,15 +243,7 @@ def test_a_trigger_timeout_after_the_work_finished_ends_the_job_late(tmp_path: P
     ends with its summary (deadline missed), not as an infeasible failure."""
     store = FileTaskStateStore(tmp_path / "state.json")
     op = _op(tmp_path, timedelta(hours=1))
-    op.command = [
-        sys.executable,
-        "-m",
-        "airflow_spot.examples.train_logreg",
-        "--steps",
-        "20",
-        "--save-every",
-        "5",
-    ]
+    op.command = train_command(20, save_every=5)
     op.total_steps = 20
     with pytest.raises(TaskDeferred):
         op.execute(make_context(store, try_number=1, max_tries=3))

@@ -15,7 +15,7 @@ from airflow_spot.backends.local.market import Pool
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
-from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 
 
 def test_cheapest_pool_cooldown_and_time_varying_prices(tmp_path: Path) -> None:
@@ -25,17 +25,7 @@ def test_cheapest_pool_cooldown_and_time_varying_prices(tmp_path: Path) -> None:
     dear = scripted_trace(tmp_path / "dear.json", [(True, 2000)], prices=[(2.0, 15), (1.5, 10)])
     op = SpotTrainingOperator(
         task_id="train",
-        command=[
-            sys.executable,
-            "-m",
-            "airflow_spot.examples.train_logreg",
-            "--steps",
-            "80",
-            "--step-seconds",
-            "0.05",
-            "--save-every",
-            "5",
-        ],
+        command=train_command(80, step_seconds=0.05, save_every=5),
         checkpoint_uri=str(tmp_path / "ckpt"),
         expected_compute=timedelta(seconds=4),
         total_steps=80,
@@ -100,15 +90,7 @@ def test_live_price_through_an_airflow_connection(tmp_path: Path) -> None:
         live = {"aws_conn_id": "aws_live_prices", "instance_type": "m5.large", "zone": "us-east-1a"}
         op = SpotTrainingOperator(
             task_id="train",
-            command=[
-                sys.executable,
-                "-m",
-                "airflow_spot.examples.train_logreg",
-                "--steps",
-                "20",
-                "--step-seconds",
-                "0.02",
-            ],
+            command=train_command(20, step_seconds=0.02),
             checkpoint_uri=str(tmp_path / "ckpt"),
             expected_compute=timedelta(seconds=1),
             total_steps=20,

@@ -3,7 +3,6 @@ a worker restart, never adopting a dead pod, at most one attempt pod, cleanup.""
 
 from __future__ import annotations
 
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -16,7 +15,7 @@ from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
-from airflow_spot.testing import FileTaskStateStore, make_context
+from airflow_spot.testing import FileTaskStateStore, make_context, train_command
 from airflow_spot.testing_kube import FakeCloud, FakeKube
 
 IDENT = {
@@ -137,15 +136,7 @@ def test_at_most_one_attempt_pod(kube) -> None:
 def _operator(cfg: str, root: Path) -> SpotTrainingOperator:
     return SpotTrainingOperator(
         task_id="train",
-        command=[
-            sys.executable,
-            "-m",
-            "airflow_spot.examples.train_logreg",
-            "--steps",
-            "2000",
-            "--step-seconds",
-            "0.02",
-        ],
+        command=train_command(2000, step_seconds=0.02),
         checkpoint_uri=str(root / "ckpt"),
         expected_compute=timedelta(seconds=40),
         total_steps=2000,
@@ -230,15 +221,7 @@ def test_node_pools_cheapest_with_capacity(kube, tmp_path: Path) -> None:
     try:
         op = SpotTrainingOperator(
             task_id="train",
-            command=[
-                sys.executable,
-                "-m",
-                "airflow_spot.examples.train_logreg",
-                "--steps",
-                "40",
-                "--step-seconds",
-                "0.02",
-            ],
+            command=train_command(40, step_seconds=0.02),
             checkpoint_uri=str(tmp_path / "ckpt"),
             expected_compute=timedelta(seconds=1),
             total_steps=40,
