@@ -65,9 +65,11 @@ def _match_fields(obj, selector):
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """Set emulator.pod_logs[(ns, name)] = "text" to serve pods/log.
+    """Set emulator.pod_logs[(ns, name)] = "text" to serve pods/log, or emulator.log_root to
+    serve FakeCloud's container logs (``<log_root>/<pod>/container.log``).
     Adds server-side defaults on create, resourceVersion bumps, label/field selectors."""
 
+    log_root: Path | None = None
     keep_history = False  # kmock re-scans ALL past requests per request: O(n) latency growth
 
     async def __call__(self, raw):
@@ -85,9 +87,15 @@ class Emulator(kmock.KubernetesEmulator):
         if (
             request.subresource == "log" and request.method == "GET"
         ):  # else kmock returns the pod JSON
-            if (request.resource, request.namespace, request.name) not in self.objects:
+            key = (request.resource, request.namespace, request.name)
+            if key not in self.objects or self.objects[key].history[-1] is None:  # soft-deleted
                 raise kmock.KubernetesObjectNotFoundError()
-            text = getattr(self, "pod_logs", {}).get((request.namespace, request.name), "")
+            text = getattr(self, "pod_logs", {}).get((request.namespace, request.name))
+            log_file = Path(self.log_root or "/nonexistent") / request.name / "container.log"
+            if text is None:
+                text = log_file.read_text(errors="replace") if log_file.exists() else ""
+            if request.params.get("tailLines"):
+                text = "".join(text.splitlines(True)[-int(request.params["tailLines"]) :])
             return aiohttp.web.Response(text=text)
         data = request.data if isinstance(request.data, dict) else None
         if request.action == enums.action.CREATE and data is not None:
@@ -309,6 +317,26 @@ class FakeCloud:
                 },
             )
             return
+        # as on a real cluster that adds a node per pod (Karpenter, cluster autoscaler): the
+        # scheduler first reports that no node fits, in words that mention preemption
+        self.api.create_namespaced_event(
+            self.ns,
+            {
+                "metadata": {"name": f"{name}.failed-scheduling"},
+                "reason": "FailedScheduling",
+                "type": "Warning",
+                "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node "
+                "affinity/selector. preemption: 0/3 nodes are available: 3 Preemption is "
+                "not helpful for scheduling.",
+                "involvedObject": {
+                    "kind": "Pod",
+                    "name": name,
+                    "namespace": self.ns,
+                    "uid": pod.metadata.uid,
+                },
+                "lastTimestamp": _now_iso(),
+            },
+        )
         node = f"{cap.replace('_', '-')}-node-{next(self._n)}"
         key, value = CAPACITY_LABEL[cap]
         self.api.create_node(
@@ -450,7 +478,12 @@ class FakeCloud:
                         "reason": "SpotInterrupted",
                         "type": "Warning",
                         "message": "Spot interruption warning was triggered",
-                        "involvedObject": {"kind": "Node", "name": node},
+                        "involvedObject": {
+                            "kind": "Node",
+                            "name": node,
+                            "uid": self.api.read_node(node).metadata.uid,
+                        },
+                        "lastTimestamp": _now_iso(),
                     },
                 )
                 taint = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}

@@ -296,13 +296,15 @@ class Controller:
             rec.outcome = Outcome.PREEMPTED.value
             rec.reason = "exited 0 after the reclaim notice with work left: spot capacity reclaimed"
         st.current = None
-        self.backend.cleanup(rec.handle, rec.outcome)
         outcome = rec.outcome
+        failed = outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value)
+        # the log goes with the pod: read it before the cleanup deletes it
+        tail = self.backend.log_tail(rec.handle) if failed else ""
+        self.backend.cleanup(rec.handle, rec.outcome)
         if outcome == Outcome.PREEMPTED.value:
             st.preemptions += 1
-        elif outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value):
+        elif failed:
             st.failures += 1
-            tail = self.backend.log_tail(rec.handle)
             log.error(
                 "Attempt %d failed on healthy %s capacity: %s. Log tail:\n%s",
                 rec.attempt,

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
@@ -29,6 +30,7 @@ from airflow_spot.backends.kubernetes.classify import (
     node_is_spot,
 )
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
+from airflow_spot.backends.kubernetes.template import check_pod_template, load_pod_template
 from airflow_spot.checkpoint.training import NOTICE_ANNOTATION
 from airflow_spot.exceptions import BackendError, ConfigError
 
@@ -77,7 +79,9 @@ class KubernetesBackend:
     :param env_from_secrets: Secret names exposed as environment.
     :param service_account: the pod's service account.
     :param mount_service_account_token: mount its token (off by default).
-    :param pod_template: a full pod (API JSON dict) the attempt pod is reconciled onto.
+    :param pod_template: a pod (API JSON dict, or the path of a YAML/JSON file on the worker)
+        the attempt pod is built on: its resources, node selector, tolerations and security
+        context are kept and merged with ours (ours win on the same key).
     :param delete_pods: ``"always"`` (default), ``"on_success"`` or ``"never"``: what to do with
         an attempt's pod once it ended.
     :param pending_timeout_s: a spot pod unschedulable this long means spot is unavailable.
@@ -100,7 +104,7 @@ class KubernetesBackend:
     env_from_secrets: tuple[str, ...] = ()
     service_account: str | None = None
     mount_service_account_token: bool = False
-    pod_template: dict[str, Any] | None = None
+    pod_template: dict[str, Any] | str | None = None
     delete_pods: str = "always"
     pending_timeout_s: float = 600.0
     spot_cooldown_s: float = 900.0
@@ -121,6 +125,9 @@ class KubernetesBackend:
             )
         placement_for(self.preset, "spot")
         placement_for(self.preset, "on_demand")
+        check_pod_template(self.pod_template)
+        if isinstance(self.pod_template, Path):  # kept as text: the backend is stored as JSON
+            object.__setattr__(self, "pod_template", str(self.pod_template))
         if len({p.name for p in self.pools}) != len(self.pools):
             raise ConfigError("backend.pools", "pool names must be unique")
 
@@ -201,36 +208,44 @@ class KubernetesBackend:
             int(ident.get("map_index", -1)),
         )
         for old in self.api.list_namespaced_pod(self.namespace, label_selector=selector).items:
+            ended = old.status is not None and old.status.phase in ("Succeeded", "Failed")
+            if ended and old.metadata.name != name and self.delete_pods != "always":
+                continue  # an ended pod kept for inspection (delete_pods) trains nothing
             log.warning(
                 "Deleting leftover pod %s of this task before attempt %d: at most one attempt pod at a time.",
                 old.metadata.name,
                 attempt,
             )
             self._delete(old.metadata.name, grace=0)
-        template = None
-        if self.pod_template:
-            from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
-
-            template = PodGenerator.deserialize_model_dict(self.pod_template)
-        pod = build_pod(
-            name=name,
-            namespace=self.namespace,
-            image=self.image,
-            command=command,
-            capacity=capacity,
-            attempt=attempt,
-            try_number=int(ident.get("try_number", 1)),
-            labels=labels,
-            placement=self._placement(capacity, pool),
-            checkpoint_uri=checkpoint_uri,
-            env={**self.env, **(env or {})},
-            resources=self.resources,
-            gpus=self.gpus,
-            service_account=self.service_account,
-            mount_token=self.mount_service_account_token,
-            env_from_secrets=list(self.env_from_secrets),
-            pod_template=template,
-        )
+            if old.metadata.name == name:  # its name is the new pod's: wait until it is gone
+                until = time.time() + 30.0
+                while time.time() < until and self._read_pod(name) is not None:
+                    time.sleep(0.2)
+        template = load_pod_template(self.pod_template)
+        try:
+            pod = build_pod(
+                name=name,
+                namespace=self.namespace,
+                image=self.image,
+                command=command,
+                capacity=capacity,
+                attempt=attempt,
+                try_number=int(ident.get("try_number", 1)),
+                labels=labels,
+                placement=self._placement(capacity, pool),
+                checkpoint_uri=checkpoint_uri,
+                env={**self.env, **(env or {})},
+                resources=self.resources,
+                gpus=self.gpus,
+                service_account=self.service_account,
+                mount_token=self.mount_service_account_token,
+                env_from_secrets=list(self.env_from_secrets),
+                pod_template=template,
+            )
+        except (ValueError, TypeError) as e:  # the provider's reconcile on an odd template
+            raise ConfigError(
+                "backend.pod_template", f"cannot build the attempt pod on it: {e}"
+            ) from e
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -259,7 +274,12 @@ class KubernetesBackend:
             "node"
         )
         node = self._read_node(node_name) if node_name else None
-        events = self._events(handle["pod"], node_name)
+        if pod is not None and pod.metadata is not None and pod.metadata.uid:
+            handle["pod_uid"] = pod.metadata.uid
+        if node is not None and node.metadata is not None and "node_uid" not in handle:
+            handle["node_uid"] = node.metadata.uid  # the node the pod ran on, not a namesake
+            handle["node_created"] = _ts(node.metadata.creation_timestamp)
+        events = self._events(handle, node_name)
         if pod is not None and node is not None:
             handle["node"] = node_name
             spot = node_is_spot(node)
@@ -358,22 +378,28 @@ class KubernetesBackend:
         return None  # measured from checkpoints by the controller
 
     def cancel(self, handle: dict[str, Any], wait_s: float = 60.0) -> AttemptStatus:
-        """Delete the pod and wait until it is gone."""
-        st = self.status(handle)
-        if st.terminal:
+        """Delete the pod and wait until it is gone (even if its status cannot be read)."""
+        try:
+            st: AttemptStatus | None = self.status(handle)
+        except Exception as e:  # noqa: BLE001 - a pod we cannot read must still go
+            log.warning(
+                "Pod %s: cannot read its status (%s); deleting it anyway.", handle["pod"], e
+            )
+            st = None
+        if st is not None and st.terminal:
             self.cleanup(handle, st.outcome.value if st.outcome else "")
             return st
         self._delete(handle["pod"], grace=self.grace_period_s)
         until = time.time() + wait_s
-        while time.time() < until and self._read_pod(handle["pod"]) is not None:
+        while time.time() < until and self._pod_may_exist(handle["pod"]):
             time.sleep(0.2)
         return AttemptStatus(
             State.ENDED,
             handle["capacity"],
             int(handle["attempt"]),
             float(handle["launched_at"]),
-            started_at=st.started_at,
-            granted_at=st.granted_at,
+            started_at=st.started_at if st else None,
+            granted_at=st.granted_at if st else None,
             ended_at=time.time(),
             outcome=Outcome.CANCELLED,
             reason="pod deleted by the controller",
@@ -381,7 +407,11 @@ class KubernetesBackend:
 
     def log_tail(self, handle: dict[str, Any], lines: int = 15) -> str:
         try:
-            return self.api.read_namespaced_pod_log(handle["pod"], self.namespace, tail_lines=lines)
+            # raw bytes: kubernetes-client 36 returns str(b'...') when it decodes the log itself
+            resp = self.api.read_namespaced_pod_log(
+                handle["pod"], self.namespace, tail_lines=lines, _preload_content=False
+            )
+            return resp.data.decode("utf-8", errors="replace")
         except Exception as e:  # noqa: BLE001 - logs are best effort (the pod may be gone)
             return f"(no log: {type(e).__name__})"
 
@@ -403,6 +433,12 @@ class KubernetesBackend:
                 return None
             raise BackendError(f"reading pod {name}: {e.status} {e.reason}") from e
 
+    def _pod_may_exist(self, name: str) -> bool:
+        try:
+            return self._read_pod(name) is not None
+        except BackendError:
+            return True  # cannot tell (yet): keep waiting, up to the bound
+
     def _read_node(self, name: str):
         from kubernetes.client.exceptions import ApiException
 
@@ -411,18 +447,33 @@ class KubernetesBackend:
         except ApiException as e:
             if e.status == 404:
                 return None
-            raise BackendError(f"reading node {name}: {e.status} {e.reason}") from e
+            hint = (
+                " (the worker's service account needs get on nodes and list on events in all"
+                " namespaces: the verdict reads the node's labels, taints and events)"
+                if e.status == 403
+                else ""
+            )
+            raise BackendError(f"reading node {name}: {e.status} {e.reason}{hint}") from e
 
-    def _events(self, pod_name: str, node_name: str | None) -> list[Any]:
-        out = list(
-            self.api.list_namespaced_event(
-                self.namespace, field_selector=f"involvedObject.name={pod_name}"
+    def _events(self, handle: dict[str, Any], node_name: str | None) -> list[Any]:
+        """Events of this pod and its node. Names are reused (a cleared task's attempt 1, a
+        recreated GKE VM), and events outlive their object by an hour: an event of another
+        object with the same name (other uid, or from before this one existed) is left out."""
+        out = [
+            e
+            for e in self.api.list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.name={handle['pod']}"
             ).items
-        )
+            if _same_object(e, handle.get("pod_uid"), handle.get("launched_at"))
+        ]
         if node_name:
-            out += self.api.list_event_for_all_namespaces(
-                field_selector=f"involvedObject.name={node_name}"
-            ).items
+            out += [
+                e
+                for e in self.api.list_event_for_all_namespaces(
+                    field_selector=f"involvedObject.name={node_name}"
+                ).items
+                if _same_object(e, handle.get("node_uid"), handle.get("node_created"))
+            ]
         return out
 
     def _relay_notice(self, pod_name: str, notice: str) -> None:
@@ -450,6 +501,26 @@ def _placement_from(d: dict[str, Any]) -> Placement:
     return Placement(
         d.get("node_selector") or {}, tuple(d.get("tolerations") or ()), d.get("affinity")
     )
+
+
+def _same_object(event: Any, uid: str | None, since: float | None) -> bool:
+    """The event is about the object with ``uid`` (when both are known) and not older than
+    ``since`` (with a minute's slack for clock skew between nodes and the API server)."""
+    inv = getattr(event, "involved_object", None)
+    ev_uid = getattr(inv, "uid", None)
+    if uid and ev_uid and ev_uid != uid:
+        return False
+    if since is None:
+        return True
+    meta = getattr(event, "metadata", None)
+    times = [
+        _ts(getattr(event, "last_timestamp", None)),
+        _ts(getattr(event, "event_time", None)),
+        _ts(getattr(event, "first_timestamp", None)),
+        _ts(getattr(meta, "creation_timestamp", None)),
+    ]
+    newest = max((t for t in times if t is not None), default=None)
+    return newest is None or newest >= since - 60.0
 
 
 def _kind(event: Any) -> str:
@@ -489,5 +560,8 @@ def _exit_code(pod: Any) -> int | None:
         return None
     for cs in pod.status.container_statuses or []:
         if cs.state and cs.state.terminated:
+            return cs.state.terminated.exit_code
+    for cs in pod.status.init_container_statuses or []:  # an init container that failed
+        if cs.state and cs.state.terminated and cs.state.terminated.exit_code:
             return cs.state.terminated.exit_code
     return None

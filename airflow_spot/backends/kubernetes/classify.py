@@ -103,6 +103,17 @@ CLOUD_NOTICES = (
     "event Instance",
     "scheduled event",
 )
+# The scheduler's and autoscaler's own events about a pod: "preemption: ... Preemption is not
+# helpful for scheduling" in a FailedScheduling message is priority preemption talk, never a
+# cloud reclaim. Only events of the node (or its NodeClaim) may say "Preempt" for the cloud.
+SCHEDULER_EVENT_REASONS = {
+    "FailedScheduling",
+    "Scheduled",
+    "Preempted",
+    "Preempting",
+    "NotTriggerScaleUp",
+    "TriggeredScaleUp",
+}
 DRAIN_TAINTS = {
     "karpenter.sh/disrupted",
     "node.kubernetes.io/out-of-service",
@@ -112,6 +123,16 @@ DRAIN_TAINTS = {
     "aws-node-termination-handler/scheduled-maintenance",
     "aws-node-termination-handler/rebalance-recommendation",
 }
+
+
+def _scheduled_preempt(e: Mapping[str, Any]) -> bool:
+    """An Azure scheduled "Preempt" event relayed onto the node (not the scheduler's words)."""
+    inv = _g(e, "involved_object", "involvedObject") or {}
+    return (
+        "Preempt" in str(_g(e, "message") or "")
+        and (_g(inv, "kind") or "Node") != "Pod"
+        and (_g(e, "reason") or "") not in SCHEDULER_EVENT_REASONS
+    )
 
 
 def _d(obj: Any) -> dict[str, Any]:
@@ -157,10 +178,9 @@ def interruption_notice(node: Any, events: Iterable[Any] = ()) -> str | None:
     for ev in events:
         e = _d(ev)
         reason = _g(e, "reason") or ""
-        msg = str(_g(e, "message") or "")
         if reason in SPOT_EVENT_REASONS or reason in ("InstanceTerminating", "InstanceStopping"):
             return f"event {reason}"
-        if "Preempt" in msg:
+        if _scheduled_preempt(e):
             return "scheduled event Preempt"
     for c in _g(_g(n, "status") or {}, "conditions") or []:
         if (
@@ -197,7 +217,7 @@ def _cloud_evidence(node: Mapping[str, Any], events: list[dict[str, Any]]) -> li
         reason = _g(e, "reason") or ""
         if reason in SPOT_EVENT_REASONS:
             out.append(f"event {reason}")
-        elif "Preempt" in str(_g(e, "message") or ""):
+        elif _scheduled_preempt(e):
             out.append("event Preempt (scheduled events)")
     return out
 
@@ -330,6 +350,14 @@ def classify(
     for cs in _g(status, "container_statuses", "containerStatuses") or []:
         t = _g(_g(cs, "state") or {}, "terminated")
         if t:
+            terminated.append(t)
+    # an init container that failed (restartPolicy Never) fails the pod before "train" starts:
+    # its exit code and OOM kill count like the main container's
+    for cs in _g(status, "init_container_statuses", "initContainerStatuses") or []:
+        t = _g(_g(cs, "state") or {}, "terminated")
+        if t and (
+            _g(t, "exit_code", "exitCode") not in (None, 0) or _g(t, "reason") == "OOMKilled"
+        ):
             terminated.append(t)
     if any((_g(t, "reason") or "") == "OOMKilled" for t in terminated):
         return Classification(

@@ -78,11 +78,25 @@ def build_pod(
     env_from_secrets: list[str] | None = None,
     pod_template: k8s.V1Pod | None = None,
 ) -> k8s.V1Pod:
-    """One attempt's pod. ``pod_template`` (optional) is the base the rest is reconciled onto."""
-    limits = dict((resources or {}).get("limits", {}))
+    """One attempt's pod. ``pod_template`` (optional) is the base the rest is reconciled onto.
+
+    The provider's reconcile replaces a template field wherever ours is set; so the fields both
+    sides set are merged here first: the template's resources, node selector, tolerations and
+    security contexts are kept, ours added (ours win on the same key; the template wins on a
+    security setting it states). A placement's affinity replaces the template's."""
+    t_spec = pod_template.spec if pod_template is not None and pod_template.spec else None
+    t_main = t_spec.containers[0] if t_spec and t_spec.containers else None
+    t_res = t_main.resources if t_main is not None and t_main.resources else None
+    limits = {
+        **((t_res.limits if t_res else None) or {}),
+        **dict((resources or {}).get("limits", {})),
+    }
     if gpus:
         limits["nvidia.com/gpu"] = str(gpus)
-    requests = dict((resources or {}).get("requests", {}))
+    requests = {
+        **((t_res.requests if t_res else None) or {}),
+        **dict((resources or {}).get("requests", {})),
+    }
     env_vars = {
         **(env or {}),
         ENV["checkpoint_uri"]: checkpoint_uri,
@@ -100,17 +114,26 @@ def build_pod(
             for s in env_from_secrets or []
         ]
         or None,
-        resources=k8s.V1ResourceRequirements(limits=limits or None, requests=requests or None),
+        resources=k8s.V1ResourceRequirements(limits=limits or None, requests=requests or None)
+        if limits or requests
+        else None,
         volume_mounts=[
             k8s.V1VolumeMount(name="airflow-spot-podinfo", mount_path=PODINFO_DIR, read_only=True),
             *(volume_mounts or []),
         ],
-        security_context=k8s.V1SecurityContext(
-            allow_privilege_escalation=False,
-            run_as_non_root=True,
-            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        security_context=_stated_first(
+            t_main.security_context if t_main is not None else None,
+            k8s.V1SecurityContext(
+                allow_privilege_escalation=False,
+                run_as_non_root=True,
+                capabilities=k8s.V1Capabilities(drop=["ALL"]),
+            ),
         ),
     )
+    tolerations = [
+        *((t_spec.tolerations if t_spec else None) or []),
+        *(k8s.V1Toleration(**_snake(t)) for t in placement.tolerations),
+    ]
     podinfo = k8s.V1Volume(
         name="airflow-spot-podinfo",
         downward_api=k8s.V1DownwardAPIVolumeSource(
@@ -140,13 +163,20 @@ def build_pod(
             restart_policy="Never",
             containers=[container],
             volumes=[podinfo, *(volumes or [])],
-            node_selector=dict(placement.node_selector) or None,
-            tolerations=[k8s.V1Toleration(**_snake(t)) for t in placement.tolerations] or None,
+            node_selector={
+                **((t_spec.node_selector if t_spec else None) or {}),
+                **placement.node_selector,
+            }
+            or None,
+            tolerations=tolerations or None,
             affinity=_affinity(placement.affinity),
             service_account_name=service_account,
             automount_service_account_token=mount_token,
-            security_context=k8s.V1PodSecurityContext(
-                run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000
+            security_context=_stated_first(
+                t_spec.security_context if t_spec else None,
+                k8s.V1PodSecurityContext(
+                    run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000
+                ),
             ),
         ),
     )
@@ -155,6 +185,17 @@ def build_pod(
 
         pod = PodGenerator.reconcile_pods(pod_template, pod)
     return pod
+
+
+def _stated_first(stated: Any, defaults: Any) -> Any:
+    """``defaults`` with every field the template states (not None) taken from the template."""
+    if stated is None:
+        return defaults
+    for attr in stated.attribute_map:
+        value = getattr(stated, attr)
+        if value is not None:
+            setattr(defaults, attr, value)
+    return defaults
 
 
 def _snake(d: dict[str, Any]) -> dict[str, Any]:

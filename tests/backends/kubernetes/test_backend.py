@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
-from airflow_spot.exceptions import ConfigError
+from airflow_spot.exceptions import BackendError, ConfigError
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.testing import FileTaskStateStore, make_context, train_command
@@ -328,3 +328,142 @@ def test_mapped_task_instances_get_their_own_pods(kube) -> None:
     h1 = b.launch({**IDENT, "map_index": 1}, 1, "spot", ["x"], checkpoint_uri="/c1")
     assert h0["pod"] != h1["pod"]
     assert sorted(_pod_names(b)) == sorted([h0["pod"], h1["pod"]])
+
+
+def test_cancel_deletes_the_pod_even_when_its_status_cannot_be_read(kube, monkeypatch) -> None:
+    """A 403 on nodes (or a 500) while cancelling must not leave the training pod running."""
+    from kubernetes.client.exceptions import ApiException
+
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg)
+    h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    h["node"] = "spot-node-1"
+
+    def forbidden(name, **kwargs):
+        raise ApiException(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(b.api, "read_node", forbidden)
+    with pytest.raises(BackendError, match="403 Forbidden .*get on nodes"):
+        b.status(h)
+    st = b.cancel(h, wait_s=5)
+    assert st.outcome.value == "cancelled"
+    assert _pod_names(b) == []
+
+
+def test_a_launch_keeps_ended_pods_kept_for_inspection(kube) -> None:
+    """delete_pods='never' keeps every ended attempt pod: the next launch removes only a live
+    leftover (which could train beside it). With 'always' an ended leftover goes too."""
+    _, cfg = kube
+    for policy, kept in (("never", True), ("always", False)):
+        b = KubernetesBackend(image="img", config_file=cfg, delete_pods=policy)
+        ident = {**IDENT, "task_id": f"train-{policy}"}
+        h1 = b.launch(ident, 1, "spot", ["x"], checkpoint_uri="/c")
+        b.api.patch_namespaced_pod_status(h1["pod"], "default", {"status": {"phase": "Failed"}})
+        h2 = b.launch(ident, 2, "spot", ["x"], checkpoint_uri="/c")
+        h3 = b.launch(ident, 3, "on_demand", ["x"], checkpoint_uri="/c")  # h2 is live: goes
+        names = set(_pod_names(b))
+        assert (h1["pod"] in names) is kept and h2["pod"] not in names and h3["pod"] in names
+
+
+def test_the_log_tail_is_text(kube) -> None:
+    """The failed attempt's log tail reads as text lines, not a bytes repr."""
+    k, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg)
+    h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    k.emulator.pod_logs = {("default", h["pod"]): "step 10 loss 0.5\nTraceback: boom\n"}
+    assert b.log_tail(h) == "step 10 loss 0.5\nTraceback: boom\n"
+
+
+def test_the_pod_template_is_merged_not_overridden(kube, tmp_path: Path) -> None:
+    """The template's resources, node selector, tolerations and security settings survive;
+    ours are added. A template file (YAML) works like the dict; a malformed one is refused
+    when the DAG is parsed, naming the field."""
+    _, cfg = kube
+    template = {
+        "metadata": {"labels": {"team": "ml"}},
+        "spec": {
+            "nodeSelector": {"topology.kubernetes.io/zone": "us-west-2a"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "securityContext": {"runAsUser": 2000},
+            "containers": [
+                {
+                    "name": "train",
+                    "resources": {"limits": {"memory": "60Gi"}, "requests": {"cpu": "8"}},
+                    "securityContext": {"readOnlyRootFilesystem": True},
+                }
+            ],
+        },
+    }
+    path = tmp_path / "pod.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(template))
+    for tmpl in (template, str(path), path):
+        b = KubernetesBackend(image="img", config_file=cfg, preset="gke", gpus=1, pod_template=tmpl)
+        h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+        pod = b.api.read_namespaced_pod(h["pod"], "default")
+        c = pod.spec.containers[0]
+        assert c.resources.limits == {"memory": "60Gi", "nvidia.com/gpu": "1"}
+        assert c.resources.requests == {"cpu": "8"}
+        assert pod.spec.node_selector == {
+            "topology.kubernetes.io/zone": "us-west-2a",
+            "cloud.google.com/gke-spot": "true",
+        }
+        assert {t.key for t in pod.spec.tolerations} == {
+            "nvidia.com/gpu",
+            "cloud.google.com/gke-spot",
+        }
+        assert pod.spec.security_context.run_as_user == 2000
+        assert pod.spec.security_context.run_as_non_root is True
+        assert c.security_context.read_only_root_filesystem is True
+        assert c.security_context.allow_privilege_escalation is False
+        assert pod.metadata.labels["team"] == "ml" and "airflow-spot/attempt" in pod.metadata.labels
+        assert KubernetesBackend.from_dict(b.to_dict()) == b
+    for bad, match in (
+        ({"spec": {"containers": {"name": "train"}}}, r"spec.containers must be a list"),
+        ({"kind": "Deployment"}, "must be a Pod"),
+        (42, "got int"),
+    ):
+        with pytest.raises(ConfigError, match=f"backend.pod_template: .*{match}"):
+            KubernetesBackend(image="img", pod_template=bad)
+    missing = KubernetesBackend(
+        image="img", config_file=cfg, pod_template=str(tmp_path / "no.yaml")
+    )
+    with pytest.raises(ConfigError, match="backend.pod_template: cannot read"):
+        missing.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+
+
+def test_events_of_a_namesake_node_or_pod_are_not_read(kube) -> None:
+    """Events outlive their object: a spot warning on an earlier node of the same name (other
+    uid), or on an earlier pod of the same name, is not a notice for this attempt."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg)
+    b.api.create_node(
+        {"metadata": {"name": "n1", "labels": {"karpenter.sh/capacity-type": "spot"}}}
+    )
+    h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    b.api.patch_namespaced_pod(h["pod"], "default", {"spec": {"nodeName": "n1"}})
+    b.api.patch_namespaced_pod_status(h["pod"], "default", {"status": {"phase": "Running"}})
+
+    def event(name, kind, obj, uid, reason, message):
+        b.api.create_namespaced_event(
+            "default",
+            {
+                "metadata": {"name": name},
+                "reason": reason,
+                "message": message,
+                "type": "Warning",
+                "involvedObject": {"kind": kind, "name": obj, "uid": uid},
+            },
+        )
+
+    event("old-node", "Node", "n1", "uid-of-an-earlier-n1", "SpotInterrupted", "Spot warning")
+    event("old-pod", "Pod", h["pod"], "uid-of-an-earlier-pod", "Preempted", "Preempt")
+    st = b.status(h)
+    assert st.state.value == "running" and st.evidence["notice"] is None
+    node_uid = b.api.read_node("n1").metadata.uid
+    event("this-node", "Node", "n1", node_uid, "SpotInterrupted", "Spot warning")
+    st = b.status(h)
+    assert st.state.value == "preempting" and st.evidence["notice"] == "event SpotInterrupted"

@@ -121,6 +121,11 @@ GKE_PREEMPTIBLE = {"cloud.google.com/gke-preemptible": "true"}
 AKS_SPOT = {"kubernetes.azure.com/scalesetpriority": "spot"}
 ON_DEMAND = {"karpenter.sh/capacity-type": "on-demand"}
 SHUTDOWN_MSG = "Pod was terminated in response to imminent node shutdown."
+# the scheduler's event on every pod that waited for a node to be added (Karpenter, autoscaler)
+NO_FIT = (
+    "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector. "
+    "preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+)
 
 CASES = [
     # (id, pod, node, events, kwargs, verdict, source)
@@ -488,6 +493,33 @@ CASES = [
         "KPO #65202",
     ),
     (
+        "app-exit-after-failedscheduling-on-demand",
+        pod("Failed", exit_code=1),
+        node(ON_DEMAND),
+        [event("FailedScheduling", NO_FIT, kind="Pod")],
+        {},
+        Verdict.APP_FAILURE,
+        "scheduler words are not cloud evidence",
+    ),
+    (
+        "app-exit-after-failedscheduling-on-spot",
+        pod("Failed", exit_code=1),
+        node(KARPENTER_SPOT),
+        [event("FailedScheduling", NO_FIT, kind="Pod")],
+        {},
+        Verdict.APP_FAILURE,
+        "scheduler words are not cloud evidence",
+    ),
+    (
+        "drain-with-only-scheduler-preemption-talk",
+        pod("Failed", conditions=[dt("EvictionByEvictionAPI")]),
+        node(AKS_SPOT),
+        [event("FailedScheduling", NO_FIT, kind="Pod"), event("Preempted", "Preempted by ml/p2")],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "KP1",
+    ),
+    (
         "failed-without-signal-safe-default",
         pod("Failed", reason="Mystery"),
         node(ON_DEMAND),
@@ -560,6 +592,31 @@ def test_an_init_container_that_cannot_start_fails_the_attempt() -> None:
     assert got.verdict is Verdict.APP_FAILURE and "ImagePullBackOff" in got.reason
 
 
+@pytest.mark.parametrize(
+    ("terminated", "verdict"),
+    [
+        ({"exitCode": 2, "reason": "Error"}, Verdict.APP_FAILURE),
+        ({"exitCode": 137, "reason": "OOMKilled"}, Verdict.OOM_KILLED),
+    ],
+)
+def test_a_failed_init_container_is_the_application_s(terminated, verdict) -> None:
+    """An init container that exits non-zero (or is OOM-killed) on healthy capacity fails the
+    attempt like the main container would; it is not an infrastructure disruption."""
+    raw = {
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {"name": "fetch", "state": {"terminated": terminated}},
+            ],
+            "containerStatuses": [
+                {"name": "train", "state": {"waiting": {"reason": "PodInitializing"}}}
+            ],
+        }
+    }
+    got = classify(raw, {"metadata": {"labels": ON_DEMAND}})
+    assert got.verdict is verdict, got
+
+
 def test_safe_default_is_flagged() -> None:
     """An unknown shape is flagged so the caller logs it."""
     assert classify(pod("Unknown"), node(ON_DEMAND)).default_used
@@ -609,6 +666,7 @@ def test_node_capacity_labels(labels, spot) -> None:
             "scheduled event Preempt",
         ),
         (node(EKS_SPOT), [], None),
+        (node(AKS_SPOT), [event("FailedScheduling", NO_FIT, kind="Pod")], None),
     ],
 )
 def test_interruption_notice(n, events, notice) -> None:

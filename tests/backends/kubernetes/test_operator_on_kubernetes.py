@@ -19,6 +19,7 @@ pytestmark = pytest.mark.usefixtures("airflow_db")
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch):
     kube = FakeKube().start()
+    kube.emulator.log_root = tmp_path / "nodes"  # pods/log serves FakeCloud's container logs
     cfg = kube.kubeconfig(tmp_path / "kubeconfig")
     monkeypatch.setenv("SPOT_K8S_DIR", str(tmp_path))
     monkeypatch.setenv("SPOT_K8S_KUBECONFIG", cfg)
@@ -87,10 +88,17 @@ def test_preempted_by_each_signal_resumes_and_falls_back(cluster, monkeypatch, s
         assert attempts[0]["step_end"] == attempts[0]["checkpoint_step_end"]
 
 
-def test_application_failure_on_a_pod_spends_the_failure_budget(cluster, monkeypatch) -> None:
-    """A container that exits 3 on a healthy node is an application failure, never a preemption."""
+def test_application_failure_on_a_pod_spends_the_failure_budget(
+    cluster, monkeypatch, capfd, caplog
+) -> None:
+    """A container that exits 3 on a healthy node is an application failure, never a preemption
+    (though the scheduler's FailedScheduling event on the pod speaks of preemption); its log
+    tail is read before the pod is deleted."""
     cluster()
-    monkeypatch.setenv("SPOT_K8S_COMMAND", f"{sys.executable}|-c|import sys; sys.exit(3)")
+    monkeypatch.setenv(
+        "SPOT_K8S_COMMAND",
+        f"{sys.executable}|-c|import sys; print('loss is NaN at step 7', flush=True); sys.exit(3)",
+    )
     monkeypatch.setenv("SPOT_K8S_MAX_FAILURES", "1")
     dr = _run_dag()
     st = _state(dr.run_id)
@@ -98,3 +106,5 @@ def test_application_failure_on_a_pod_spends_the_failure_budget(cluster, monkeyp
     assert st["failed"]["error"] == "FailureBudgetExhausted"
     assert st["failures"] == 2 and st["preemptions"] == 0
     assert all(a["outcome"] == "app_failure" and a["exit_code"] == 3 for a in st["attempts"])
+    out = capfd.readouterr()
+    assert "Log tail:\nloss is NaN at step 7" in caplog.text + out.out + out.err
