@@ -288,6 +288,7 @@ class SpotTrainingOperator(BaseOperator):
                     f"attempt {live.attempt} of the failed job still runs and could not be "
                     "stopped; stop it by hand or retry"
                 )
+            self._backend().cleanup(live.handle, status.outcome.value if status.outcome else "")
         store.set(f"{STATE_KEY}.previous", old.to_dict())
         self.log.info(
             "The previous job failed for good (%s: %s); its record is kept under %s.previous. "
@@ -374,7 +375,8 @@ class SpotTrainingOperator(BaseOperator):
         handle = getattr(self, "_live_handle", None)
         if handle is not None:
             self.log.warning("Task killed: cancelling attempt at %s.", handle.get("run_dir"))
-            self._backend().cancel(handle)
+            status = self._backend().cancel(handle)
+            self._backend().cleanup(handle, status.outcome.value if status.outcome else "")
 
     # -- the loop ---------------------------------------------------------------------------
     def _new_state(self, now: float) -> JobState:

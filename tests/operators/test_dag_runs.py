@@ -134,8 +134,8 @@ def test_mapped_instances_each_train_into_their_own_location(
     monkeypatch, tmp_path: Path, shared: bool
 ) -> None:
     """partial().expand() with checkpoint_uri templated on ti.map_index: both instances train
-    their own model to the end. With one untemplated location, the second instance fails at
-    once naming checkpoint_uri instead of resuming from the first one's checkpoints."""
+    their own model to the end. With one untemplated location, the instance that comes second
+    fails at once naming checkpoint_uri instead of resuming from the first one's checkpoints."""
     trace = scripted_trace(tmp_path / "market.json", [(True, 1000)])
     env = {"SPOT_TEST_TRACE": str(trace)}
     if shared:
@@ -150,6 +150,10 @@ def test_mapped_instances_each_train_into_their_own_location(
         assert all(st["attempts"][0]["step_start"] == 0 for st in states.values())
     else:
         assert dr.state == "failed"
-        assert list(states) == [0] and states[0]["finished"]  # map index 1 never started a job
+        # whichever instance ran first owns the location and finishes; the other never
+        # started a job (dag.test() does not promise an order)
+        assert len(states) == 1
+        first, st = next(iter(states.items()))
+        assert st["finished"]
         owner = json.loads((tmp_path / "mapped-shared" / "job-owner.json").read_text())
-        assert owner["map_index"] == 0
+        assert owner["map_index"] == first

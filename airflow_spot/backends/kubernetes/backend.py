@@ -36,6 +36,10 @@ from airflow_spot.exceptions import BackendError, ConfigError
 
 log = logging.getLogger(__name__)
 DELETE_POLICIES = ("always", "on_success", "never")
+RBAC_HINT = (
+    " (the worker's service account needs get on nodes and list on events in all namespaces:"
+    " the verdict reads the node's labels, taints and events; see docker/rbac.yaml)"
+)
 OUTCOMES = {
     Verdict.SUCCEEDED: Outcome.SUCCEEDED,
     Verdict.PREEMPTED: Outcome.PREEMPTED,
@@ -126,6 +130,18 @@ class KubernetesBackend:
         placement_for(self.preset, "spot")
         placement_for(self.preset, "on_demand")
         check_pod_template(self.pod_template)
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            raise ConfigError("backend.gpus", f"must be a whole number >= 0, got {self.gpus!r}")
+        if self.resources is not None and (
+            not isinstance(self.resources, dict)
+            or set(self.resources) - {"limits", "requests"}
+            or not all(isinstance(v, dict) for v in self.resources.values())
+        ):
+            raise ConfigError(
+                "backend.resources",
+                'give {"limits": {...}, "requests": {...}}, e.g. {"limits": {"memory": "64Gi"}}, '
+                f"got {self.resources!r}",
+            )
         if isinstance(self.pod_template, Path):  # kept as text: the backend is stored as JSON
             object.__setattr__(self, "pod_template", str(self.pod_template))
         if len({p.name for p in self.pools}) != len(self.pools):
@@ -242,7 +258,10 @@ class KubernetesBackend:
                 env_from_secrets=list(self.env_from_secrets),
                 pod_template=template,
             )
-        except (ValueError, TypeError) as e:  # the provider's reconcile on an odd template
+        except (ValueError, TypeError) as e:
+            if template is None:
+                raise
+            # the provider's reconcile on a template the parse-time check let through
             raise ConfigError(
                 "backend.pod_template", f"cannot build the attempt pod on it: {e}"
             ) from e
@@ -378,7 +397,8 @@ class KubernetesBackend:
         return None  # measured from checkpoints by the controller
 
     def cancel(self, handle: dict[str, Any], wait_s: float = 60.0) -> AttemptStatus:
-        """Delete the pod and wait until it is gone (even if its status cannot be read)."""
+        """Delete the pod and wait until it is gone (even if its status cannot be read). A pod
+        that already ended is left for the caller's :meth:`cleanup` (after its log is read)."""
         try:
             st: AttemptStatus | None = self.status(handle)
         except Exception as e:  # noqa: BLE001 - a pod we cannot read must still go
@@ -387,8 +407,7 @@ class KubernetesBackend:
             )
             st = None
         if st is not None and st.terminal:
-            self.cleanup(handle, st.outcome.value if st.outcome else "")
-            return st
+            return st  # ended on its own: the caller reads its log, then cleans up
         self._delete(handle["pod"], grace=self.grace_period_s)
         until = time.time() + wait_s
         while time.time() < until and self._pod_may_exist(handle["pod"]):
@@ -409,11 +428,23 @@ class KubernetesBackend:
         try:
             # raw bytes: kubernetes-client 36 returns str(b'...') when it decodes the log itself
             resp = self.api.read_namespaced_pod_log(
-                handle["pod"], self.namespace, tail_lines=lines, _preload_content=False
+                handle["pod"],
+                self.namespace,
+                container=self._failed_container(handle["pod"]),
+                tail_lines=lines,
+                _preload_content=False,
             )
             return resp.data.decode("utf-8", errors="replace")
         except Exception as e:  # noqa: BLE001 - logs are best effort (the pod may be gone)
             return f"(no log: {type(e).__name__})"
+
+    def _failed_container(self, pod_name: str) -> str:
+        """The init container that failed, if one did (``train`` never started then)."""
+        pod = self._read_pod(pod_name)
+        for cs in (pod.status.init_container_statuses or []) if pod and pod.status else []:
+            if cs.state and cs.state.terminated and cs.state.terminated.exit_code:
+                return cs.name
+        return "train"
 
     def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
         """Delete an ended attempt's pod per ``delete_pods``."""
@@ -447,12 +478,7 @@ class KubernetesBackend:
         except ApiException as e:
             if e.status == 404:
                 return None
-            hint = (
-                " (the worker's service account needs get on nodes and list on events in all"
-                " namespaces: the verdict reads the node's labels, taints and events)"
-                if e.status == 403
-                else ""
-            )
+            hint = RBAC_HINT if e.status == 403 else ""
             raise BackendError(f"reading node {name}: {e.status} {e.reason}{hint}") from e
 
     def _events(self, handle: dict[str, Any], node_name: str | None) -> list[Any]:
@@ -467,12 +493,23 @@ class KubernetesBackend:
             if _same_object(e, handle.get("pod_uid"), handle.get("launched_at"))
         ]
         if node_name:
-            out += [
-                e
-                for e in self.api.list_event_for_all_namespaces(
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                node_events = self.api.list_event_for_all_namespaces(
                     field_selector=f"involvedObject.name={node_name}"
                 ).items
-                if _same_object(e, handle.get("node_uid"), handle.get("node_created"))
+            except ApiException as e:
+                raise BackendError(
+                    f"listing events of node {node_name}: {e.status} {e.reason}"
+                    + (RBAC_HINT if e.status == 403 else "")
+                ) from e
+            out += [
+                e
+                for e in node_events
+                if _same_object(
+                    e, handle.get("node_uid"), handle.get("node_created"), alias=node_name
+                )
             ]
         return out
 
@@ -503,12 +540,16 @@ def _placement_from(d: dict[str, Any]) -> Placement:
     )
 
 
-def _same_object(event: Any, uid: str | None, since: float | None) -> bool:
+def _same_object(
+    event: Any, uid: str | None, since: float | None, alias: str | None = None
+) -> bool:
     """The event is about the object with ``uid`` (when both are known) and not older than
-    ``since`` (with a minute's slack for clock skew between nodes and the API server)."""
+    ``since`` (with a minute's slack for clock skew between nodes and the API server). The
+    kubelet, the node lifecycle controller and node-problem-detector give a node event the
+    node's name as uid (``alias``): only the time tells those apart."""
     inv = getattr(event, "involved_object", None)
     ev_uid = getattr(inv, "uid", None)
-    if uid and ev_uid and ev_uid != uid:
+    if uid and ev_uid and ev_uid not in (uid, alias):
         return False
     if since is None:
         return True

@@ -352,11 +352,20 @@ def classify(
         if t:
             terminated.append(t)
     # an init container that failed (restartPolicy Never) fails the pod before "train" starts:
-    # its exit code and OOM kill count like the main container's
+    # its exit code and OOM kill count like the main container's. A native sidecar (an init
+    # container with restartPolicy Always) that died is restarted by the kubelet: not counted.
+    sidecars = {
+        _g(c, "name")
+        for c in _g(_g(p, "spec") or {}, "init_containers", "initContainers") or []
+        if _g(c, "restart_policy", "restartPolicy") == "Always"
+    }
     for cs in _g(status, "init_container_statuses", "initContainerStatuses") or []:
         t = _g(_g(cs, "state") or {}, "terminated")
-        if t and (
-            _g(t, "exit_code", "exitCode") not in (None, 0) or _g(t, "reason") == "OOMKilled"
+        if (
+            phase == "Failed"
+            and t
+            and _g(cs, "name") not in sidecars
+            and (_g(t, "exit_code", "exitCode") not in (None, 0) or _g(t, "reason") == "OOMKilled")
         ):
             terminated.append(t)
     if any((_g(t, "reason") or "") == "OOMKilled" for t in terminated):

@@ -20,6 +20,50 @@ class Placement:
     tolerations: tuple[dict[str, Any], ...] = ()
     affinity: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.node_selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.node_selector.items()
+        ):
+            raise ConfigError(
+                "placement.node_selector",
+                f"must map label keys to strings, got {self.node_selector!r}",
+            )
+        if isinstance(self.tolerations, dict):
+            raise ConfigError(
+                "placement.tolerations", "give a list of tolerations: wrap it in [...]"
+            )
+        object.__setattr__(self, "tolerations", tuple(self.tolerations))
+        for t in self.tolerations:
+            unknown = set(t) - TOLERATION_FIELDS if isinstance(t, dict) else {"(not a mapping)"}
+            if unknown:
+                raise ConfigError(
+                    "placement.tolerations",
+                    f"unknown field(s) {sorted(unknown)} in {t!r}; a toleration has "
+                    f"{sorted(TOLERATION_FIELDS - {'toleration_seconds'})}",
+                )
+            if t.get("operator", "Equal") not in ("Equal", "Exists"):
+                raise ConfigError(
+                    "placement.tolerations",
+                    f"operator must be Equal or Exists, got {t['operator']!r}",
+                )
+            if t.get("effect") not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+                raise ConfigError(
+                    "placement.tolerations",
+                    f"effect must be NoSchedule, PreferNoSchedule or NoExecute, got {t['effect']!r}",
+                )
+        if self.affinity is not None and not isinstance(self.affinity, dict):
+            raise ConfigError("placement.affinity", "must be an affinity as API JSON (a dict)")
+
+
+TOLERATION_FIELDS = {
+    "key",
+    "operator",
+    "value",
+    "effect",
+    "tolerationSeconds",
+    "toleration_seconds",
+}
+
 
 def _not_spot(key: str, values: list[str]) -> dict[str, Any]:
     return {

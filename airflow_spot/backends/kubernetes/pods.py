@@ -80,23 +80,44 @@ def build_pod(
 ) -> k8s.V1Pod:
     """One attempt's pod. ``pod_template`` (optional) is the base the rest is reconciled onto.
 
-    The provider's reconcile replaces a template field wherever ours is set; so the fields both
-    sides set are merged here first: the template's resources, node selector, tolerations and
-    security contexts are kept, ours added (ours win on the same key; the template wins on a
-    security setting it states). A placement's affinity replaces the template's."""
-    t_spec = pod_template.spec if pod_template is not None and pod_template.spec else None
-    t_main = t_spec.containers[0] if t_spec and t_spec.containers else None
+    The provider's reconcile replaces a template field wherever ours is set, and merges
+    containers by position; so the template is prepared first. Its training container is the
+    one named ``train`` or ``base`` (or its only container if that names no image of its own);
+    any other container is a sidecar and stays one. The template's resources, node selector,
+    tolerations and security contexts are kept and ours added: a resource we set replaces the
+    template's limit and request of that resource; a security setting the template states
+    wins, and our non-root / no-escalation defaults are left out where the template asks for
+    root, privilege or CAP_SYS_ADMIN (the API server would refuse both at once). A placement's
+    affinity replaces the template's."""
+    pod_template = _with_main_first(pod_template)
+    t_spec = pod_template.spec if pod_template is not None else None
+    t_main = t_spec.containers[0] if t_spec is not None else None
+    ours_limits = {k: str(v) for k, v in ((resources or {}).get("limits") or {}).items()}
+    if gpus:
+        ours_limits["nvidia.com/gpu"] = str(gpus)
+    ours_requests = {k: str(v) for k, v in ((resources or {}).get("requests") or {}).items()}
+    ours = set(ours_limits) | set(ours_requests)
     t_res = t_main.resources if t_main is not None and t_main.resources else None
     limits = {
-        **((t_res.limits if t_res else None) or {}),
-        **dict((resources or {}).get("limits", {})),
+        **{k: v for k, v in ((t_res.limits if t_res else None) or {}).items() if k not in ours},
+        **ours_limits,
     }
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
     requests = {
-        **((t_res.requests if t_res else None) or {}),
-        **dict((resources or {}).get("requests", {})),
+        **{k: v for k, v in ((t_res.requests if t_res else None) or {}).items() if k not in ours},
+        **ours_requests,
     }
+    _check_resources(limits, requests)
+    if t_main is not None:
+        t_main.resources = None  # merged above: the reconcile must not bring it back
+    wants_root = _states_root(t_spec)
+    t_csc = t_main.security_context if t_main is not None else None
+    privileged = t_csc is not None and (
+        bool(t_csc.privileged)
+        or any(
+            c.upper().removeprefix("CAP_") == "SYS_ADMIN"
+            for c in ((t_csc.capabilities.add or []) if t_csc.capabilities else [])
+        )
+    )
     env_vars = {
         **(env or {}),
         ENV["checkpoint_uri"]: checkpoint_uri,
@@ -122,10 +143,10 @@ def build_pod(
             *(volume_mounts or []),
         ],
         security_context=_stated_first(
-            t_main.security_context if t_main is not None else None,
+            t_csc,
             k8s.V1SecurityContext(
-                allow_privilege_escalation=False,
-                run_as_non_root=True,
+                allow_privilege_escalation=None if privileged else False,
+                run_as_non_root=None if wants_root else True,
                 capabilities=k8s.V1Capabilities(drop=["ALL"]),
             ),
         ),
@@ -175,7 +196,10 @@ def build_pod(
             security_context=_stated_first(
                 t_spec.security_context if t_spec else None,
                 k8s.V1PodSecurityContext(
-                    run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000
+                    run_as_non_root=None if wants_root else True,
+                    run_as_user=None if wants_root else 1000,
+                    run_as_group=None if wants_root else 1000,
+                    fs_group=1000,
                 ),
             ),
         ),
@@ -185,6 +209,65 @@ def build_pod(
 
         pod = PodGenerator.reconcile_pods(pod_template, pod)
     return pod
+
+
+def _with_main_first(template: k8s.V1Pod | None) -> k8s.V1Pod | None:
+    """A copy of the template whose first container is the training one (an empty one named
+    ``train`` when the template has only sidecars): the reconcile merges by position."""
+    if template is None:
+        return None
+    import copy
+
+    template = copy.deepcopy(template)
+    template.spec = template.spec or k8s.V1PodSpec(containers=[])
+    containers = list(template.spec.containers or [])
+    main = next((c for c in containers if c.name in ("train", "base")), None)
+    if main is None and len(containers) == 1 and not containers[0].image:
+        main = containers[0]
+    if main is None:
+        main = k8s.V1Container(name="train")
+    else:
+        containers.remove(main)
+    template.spec.containers = [main, *containers]
+    return template
+
+
+def _states_root(spec: k8s.V1PodSpec | None) -> bool:
+    """The template asks to run the training container as root (uid 0)."""
+    if spec is None:
+        return False
+    pod_sc, main_sc = spec.security_context, spec.containers[0].security_context
+    uid = main_sc.run_as_user if main_sc is not None else None
+    if uid is None and pod_sc is not None:
+        uid = pod_sc.run_as_user
+    return uid == 0
+
+
+def _check_resources(limits: dict[str, str], requests: dict[str, str]) -> None:
+    """Requests the API server would refuse, named before the pod is sent."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    from airflow_spot.exceptions import ConfigError
+
+    for key, req in requests.items():
+        if key not in limits:
+            continue
+        try:
+            r, lim = parse_quantity(req), parse_quantity(limits[key])
+        except ValueError as e:
+            raise ConfigError("backend.resources", f"{key}: {e}") from e
+        if "/" in key and "kubernetes.io/" not in key and r != lim:  # extended: no overcommit
+            raise ConfigError(
+                "backend.resources",
+                f"{key} request {req} must equal its limit {limits[key]} (an extended resource "
+                "cannot be overcommitted); set only the limit, or `gpus`",
+            )
+        if r > lim:
+            raise ConfigError(
+                "backend.resources",
+                f"{key} request {req} is above its limit {limits[key]} (the limit may come "
+                "from the pod_template); raise the limit or lower the request",
+            )
 
 
 def _stated_first(stated: Any, defaults: Any) -> Any:

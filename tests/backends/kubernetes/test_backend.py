@@ -463,7 +463,140 @@ def test_events_of_a_namesake_node_or_pod_are_not_read(kube) -> None:
     event("old-pod", "Pod", h["pod"], "uid-of-an-earlier-pod", "Preempted", "Preempt")
     st = b.status(h)
     assert st.state.value == "running" and st.evidence["notice"] is None
+    # node-problem-detector (AKS relays scheduled events with it) and the kubelet give a node
+    # event the node's name as uid
+    event("npd", "Node", "n1", "n1", "VMEventScheduled", "Node will change into status 'Preempt'")
+    st = b.status(h)
+    assert st.state.value == "preempting" and st.evidence["notice"] == "scheduled event Preempt"
     node_uid = b.api.read_node("n1").metadata.uid
     event("this-node", "Node", "n1", node_uid, "SpotInterrupted", "Spot warning")
-    st = b.status(h)
-    assert st.state.value == "preempting" and st.evidence["notice"] == "event SpotInterrupted"
+    assert b.status(h).evidence["notice"] == "scheduled event Preempt"  # the first one is kept
+
+
+def test_cancel_leaves_a_failed_pod_for_its_log_to_be_read(kube) -> None:
+    """A pod that failed on its own before the cancel keeps its log until the controller has
+    read it; the controller's cleanup then deletes it."""
+    k, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg)
+    h = b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c")
+    k.emulator.pod_logs = {("default", h["pod"]): "Traceback: loss is NaN\n"}
+    failed = {"name": "train", "image": "img", "imageID": "", "ready": False, "restartCount": 0}
+    failed["state"] = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    b.api.patch_namespaced_pod_status(
+        h["pod"], "default", {"status": {"phase": "Failed", "containerStatuses": [failed]}}
+    )
+    st = b.cancel(h)
+    assert st.outcome.value == "app_failure"
+    assert b.log_tail(h) == "Traceback: loss is NaN\n"
+    b.cleanup(h, st.outcome.value)
+    assert _pod_names(b) == []
+
+
+@pytest.mark.parametrize(
+    ("backend", "template", "check"),
+    [
+        (  # a KPO-style GPU template: our gpus replace its GPU request and limit
+            {"gpus": 8},
+            {
+                "containers": [
+                    {
+                        "name": "base",
+                        "resources": {
+                            "requests": {"nvidia.com/gpu": "1", "memory": "32Gi"},
+                            "limits": {"nvidia.com/gpu": "1", "memory": "32Gi"},
+                        },
+                    }
+                ]
+            },
+            lambda pod, c: (
+                c.resources.limits == {"memory": "32Gi", "nvidia.com/gpu": "8"}
+                and c.resources.requests == {"memory": "32Gi"}
+            ),
+        ),
+        (  # our memory request replaces the template's memory limit (not request > limit)
+            {"resources": {"requests": {"memory": "64Gi"}}},
+            {"containers": [{"name": "base", "resources": {"limits": {"memory": "32Gi"}}}]},
+            lambda pod, c: c.resources.requests == {"memory": "64Gi"} and not c.resources.limits,
+        ),
+        (  # privileged (RDMA): no allowPrivilegeEscalation=false beside it
+            {},
+            {"containers": [{"name": "train", "securityContext": {"privileged": True}}]},
+            lambda pod, c: (
+                c.security_context.privileged is True
+                and c.security_context.allow_privilege_escalation is None
+            ),
+        ),
+        (  # root asked for: no runAsNonRoot beside it
+            {},
+            {"securityContext": {"runAsUser": 0}, "containers": [{"name": "base"}]},
+            lambda pod, c: (
+                pod.spec.security_context.run_as_user == 0
+                and pod.spec.security_context.run_as_non_root is None
+                and c.security_context.run_as_non_root is None
+            ),
+        ),
+        (  # a template with only a sidecar: it stays a sidecar with its own limits
+            {},
+            {
+                "containers": [
+                    {
+                        "name": "log-shipper",
+                        "image": "fluent/fluent-bit",
+                        "resources": {"limits": {"memory": "256Mi"}},
+                    }
+                ]
+            },
+            lambda pod, c: (
+                [(x.name, x.image) for x in pod.spec.containers]
+                == [("train", "img"), ("log-shipper", "fluent/fluent-bit")]
+                and c.resources is None
+                and pod.spec.containers[1].resources.limits == {"memory": "256Mi"}
+            ),
+        ),
+        (  # the training container is found by name, wherever it is
+            {},
+            {
+                "containers": [
+                    {"name": "proxy", "image": "envoy"},
+                    {"name": "train", "resources": {"limits": {"cpu": "8"}}},
+                ]
+            },
+            lambda pod, c: (
+                [x.name for x in pod.spec.containers] == ["train", "proxy"]
+                and c.resources.limits == {"cpu": "8"}
+            ),
+        ),
+    ],
+    ids=["gpu", "request-over-template-limit", "privileged", "root", "sidecar-only", "by-name"],
+)
+def test_a_template_and_our_settings_make_a_valid_pod(kube, backend, template, check) -> None:
+    """Merging the template never yields a pod the API server or kubelet would refuse."""
+    _, cfg = kube
+    b = KubernetesBackend(image="img", config_file=cfg, pod_template={"spec": template}, **backend)
+    pod = b.api.read_namespaced_pod(
+        b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")["pod"], "default"
+    )
+    assert check(pod, pod.spec.containers[0]), pod.spec
+
+
+def test_resources_and_placements_the_api_would_refuse_name_the_field(kube) -> None:
+    """A request above its limit, a GPU request unlike its limit, a mistyped toleration and
+    odd resources are refused with the field named, not as a 422 on every launch."""
+    _, cfg = kube
+    for resources, match in (
+        ({"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}, "above its limit"),
+        ({"requests": {"nvidia.com/gpu": "1"}}, "must equal its limit"),
+    ):
+        b = KubernetesBackend(image="img", config_file=cfg, gpus=2, resources=resources)
+        with pytest.raises(ConfigError, match=f"backend.resources: .*{match}"):
+            b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    with pytest.raises(
+        ConfigError, match=r"placement.tolerations: unknown field\(s\) \['opertor'\]"
+    ):
+        Placement({"pool": "a"}, ({"key": "gpu", "opertor": "Exists"},))
+    with pytest.raises(ConfigError, match="placement.tolerations: operator"):
+        Placement({}, ({"key": "gpu", "operator": "In"},))
+    with pytest.raises(ConfigError, match="backend.resources"):
+        KubernetesBackend(image="img", resources={"memory": "64Gi"})
+    with pytest.raises(ConfigError, match="backend.gpus"):
+        KubernetesBackend(image="img", gpus=1.5)

@@ -617,6 +617,28 @@ def test_a_failed_init_container_is_the_application_s(terminated, verdict) -> No
     assert got.verdict is verdict, got
 
 
+def test_a_native_sidecar_that_died_does_not_end_a_running_attempt() -> None:
+    """An init container with restartPolicy Always (GKE's gcsfuse sidecar) that was OOM-killed
+    is restarted by the kubelet; the training runs on."""
+    raw = {
+        "spec": {
+            "initContainers": [{"name": "gcsfuse", "restartPolicy": "Always"}],
+            "containers": [{"name": "train"}],
+        },
+        "status": {
+            "phase": "Running",
+            "initContainerStatuses": [
+                {
+                    "name": "gcsfuse",
+                    "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                }
+            ],
+            "containerStatuses": [{"name": "train", "state": {"running": {}}}],
+        },
+    }
+    assert classify(raw, {"metadata": {"labels": GKE_SPOT}}).verdict is Verdict.RUNNING
+
+
 def test_safe_default_is_flagged() -> None:
     """An unknown shape is flagged so the caller logs it."""
     assert classify(pod("Unknown"), node(ON_DEMAND)).default_used
