@@ -84,6 +84,11 @@ class SpotTrainingOperator(BaseOperator):
     :param poll_interval: seconds between looks at the attempt (in the trigger while deferred,
         in the worker otherwise), and before looking again while a reclaim verdict is due.
     :param deferrable: wait in the triggerer (default) or in the worker.
+    :param min_deferral: waits shorter than this are spent in the worker even when
+        ``deferrable``, and a deferred task resumes no sooner than ``min(10 s, min_deferral /
+        3)`` after deferring. Airflow (3.3, apache/airflow#71580 and #72716) may fail a task
+        whose trigger fires within seconds of deferring: the worker's exit is reported late,
+        as a success of the same try. ``timedelta(0)`` turns both off.
     """
 
     template_fields: Sequence[str] = ("command", "checkpoint_uri", "deadline")
@@ -109,6 +114,7 @@ class SpotTrainingOperator(BaseOperator):
         decision_interval: timedelta = timedelta(seconds=60),
         poll_interval: float = 5.0,
         deferrable: bool = True,
+        min_deferral: timedelta = timedelta(seconds=30),
         **kwargs: Any,
     ) -> None:
         if "retry_policy" not in kwargs:
@@ -132,6 +138,7 @@ class SpotTrainingOperator(BaseOperator):
         self.decision_interval = decision_interval
         self.poll_interval = poll_interval
         self.deferrable = deferrable
+        self.min_deferral = min_deferral
         self._validate_static()
 
     # -- validation -------------------------------------------------------------------------
@@ -423,13 +430,15 @@ class SpotTrainingOperator(BaseOperator):
                 if result.done:
                     return xcom_summary(result.summary or {})
                 self._live_handle = state.live.handle if state.live else None
-                if self.deferrable:
+                now = time.time()
+                if self.deferrable and result.wake_at - now >= self.min_deferral.total_seconds():
+                    hold = min(MAX_HOLD_S, self.min_deferral.total_seconds() / 3)
                     self.defer(
                         trigger=self._trigger(
-                            state, result.wake_at, ctl.cooling_until(time.time())
+                            state, result.wake_at, ctl.cooling_until(now), hold_until=now + hold
                         ),
                         method_name="resume",
-                        timeout=timedelta(seconds=self._defer_timeout(state, time.time())),
+                        timeout=timedelta(seconds=self._defer_timeout(state, now)),
                     )
                 event = ctl.wait_here(result.wake_at)
             except (Exception, AirflowTaskTimeout) as e:  # the timeout is a BaseException
@@ -449,7 +458,13 @@ class SpotTrainingOperator(BaseOperator):
             timeout = min(timeout, left)
         return timeout
 
-    def _trigger(self, state: JobState, wake_at: float, cooling: dict[str, float] | None = None):
+    def _trigger(
+        self,
+        state: JobState,
+        wake_at: float,
+        cooling: dict[str, float] | None = None,
+        hold_until: float | None = None,
+    ):
         backend = self._backend()
         handle = state.live.handle if state.live else None
         if getattr(backend, "name", "") == "kubernetes":
@@ -460,6 +475,7 @@ class SpotTrainingOperator(BaseOperator):
                 backend=backend.to_dict(),
                 wake_at=wake_at,
                 poll_interval=self.poll_interval,
+                hold_until=hold_until,
             )
         from airflow_spot.triggers.local import LocalAttemptTrigger
 
@@ -470,6 +486,7 @@ class SpotTrainingOperator(BaseOperator):
             wake_at=wake_at,
             poll_interval=self.poll_interval,
             cooling=cooling or None,
+            hold_until=hold_until,
         )
 
 
@@ -490,6 +507,7 @@ ARGUMENTS = (
     "backend",
     "decision_interval",
     "poll_interval",
+    "min_deferral",
 )
 REQUIRED = {
     "command": "give the training command, e.g. ['python', 'train.py'] or 'python train.py'",
@@ -499,6 +517,7 @@ REQUIRED = {
 BACKEND_METHODS = ("launch", "status", "cancel", "market_spec", "to_dict")
 MIN_DECISION_INTERVAL = timedelta(seconds=0.1)
 MIN_POLL_INTERVAL = 0.01
+MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
 
 
 def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
@@ -579,6 +598,13 @@ def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
             raise ConfigError(
                 "poll_interval",
                 f"must be a number of seconds >= {MIN_POLL_INTERVAL:g}, got {pi!r}",
+            )
+    if "min_deferral" in v:
+        md = v["min_deferral"]
+        if not isinstance(md, timedelta) or md < timedelta(0):
+            raise ConfigError(
+                "min_deferral",
+                f"must be a timedelta >= 0 (shorter waits stay in the worker), got {md!r}",
             )
     if "backend" in v:
         _check_backend(v["backend"])

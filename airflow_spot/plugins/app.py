@@ -81,7 +81,7 @@ async function load() {
   const rows = await r.json();
   document.getElementById("rows").innerHTML = rows.map(x => `<tr>
     <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}</td><td class="l">${e(x.state)}</td>
-    <td class="l ${x.now == "failed" ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
+    <td class="l ${x.now == "failed" || x.now.startsWith("stopped") ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
     <td>${f(x.estimated_finish_hours)}</td><td>${f(x.spot_hours)}</td><td>${f(x.on_demand_hours)}</td><td>${f(x.idle_hours)}</td>
     <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${x.savings == null ? "" : f(100 * x.savings, 1) + " %"}</td><td>${Number(x.preemptions)}</td>
     <td>${f(x.work_lost_hours)}</td><td class="l"><a href="timeline?dag_id=${encodeURIComponent(x.dag_id)}&run_id=${encodeURIComponent(x.run_id)}&task_id=${encodeURIComponent(x.task_id)}&map_index=${Number(x.map_index)}">timeline</a></td></tr>`).join("");

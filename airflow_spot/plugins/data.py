@@ -52,12 +52,28 @@ def row(
         "preemptions": state.get("preemptions", 0),
         "work_lost_hours": summary.get("work_lost_hours", 0.0),
         "deadline_met": _deadline_met(state, summary),
-        "now": "failed"
-        if state.get("failed")
-        else (live or {}).get("capacity") or ("done" if state.get("finished") else "idle"),
+        "now": _now(state, live, ti_state),
         "failed": state.get("failed"),
         "updated_at": updated_at.isoformat() if updated_at else None,
     }
+
+
+# task instance states in which no try of the operator runs or waits any more
+TI_ENDED = {"success", "failed", "upstream_failed", "skipped", "removed"}
+
+
+def _now(state: dict[str, Any], live: dict[str, Any] | None, ti_state: str | None) -> str:
+    """What the job is doing. A task instance Airflow ended without the operator (marked
+    failed by hand or by the scheduler, a killed worker) shows as stopped, not as running."""
+    if state.get("failed"):
+        return "failed"
+    if state.get("finished"):
+        return "done"
+    if ti_state in TI_ENDED:
+        if live is not None:
+            return f"stopped (task {ti_state}); attempt {live.get('attempt')} on {live.get('capacity')} may still run"
+        return f"stopped (task {ti_state})"
+    return (live or {}).get("capacity") or "idle"
 
 
 def load_rows(session: Any, dag_id: str | None = None) -> list[dict[str, Any]]:

@@ -20,10 +20,17 @@ class SpotPollingTrigger(BaseTrigger):
     """Base: ``serialize()`` from ``__module__`` + ``__qualname__`` and the kwargs given; ``run()``
     polls :meth:`poll` every ``poll_interval`` seconds and yields the first typed event."""
 
-    def __init__(self, *, poll_interval: float = 5.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *, poll_interval: float = 5.0, hold_until: float | None = None, **kwargs: Any
+    ) -> None:
         super().__init__()
         self.poll_interval = poll_interval
+        # no event before this wall time (see SpotTrainingOperator's min_deferral): the poll
+        # goes on meanwhile (a Kubernetes watch still relays notices), then reports what holds
+        self.hold_until = hold_until
         self._kwargs = {"poll_interval": poll_interval, **kwargs}
+        if hold_until is not None:  # only the attempt triggers take it
+            self._kwargs["hold_until"] = hold_until
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", dict(self._kwargs)
@@ -51,6 +58,7 @@ class SpotPollingTrigger(BaseTrigger):
                     self.log.exception(
                         "Watching failed %d times in a row; waking the operator to decide.", errors
                     )
+                    await self._held()
                     yield TriggerEvent(
                         SpotEvent(
                             EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}"
@@ -69,7 +77,13 @@ class SpotPollingTrigger(BaseTrigger):
                 await asyncio.sleep(pause)
                 continue
             errors = 0
-            if event is not None:
+            if event is not None and (self.hold_until is None or time.time() >= self.hold_until):
                 yield TriggerEvent(event.to_payload())
                 return
             await asyncio.sleep(self.poll_interval)
+
+    async def _held(self) -> None:
+        import time
+
+        if self.hold_until is not None and time.time() < self.hold_until:
+            await asyncio.sleep(self.hold_until - time.time())

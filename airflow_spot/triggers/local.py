@@ -22,9 +22,11 @@ class LocalAttemptTrigger(SpotPollingTrigger):
         wake_at: float,
         poll_interval: float = 5.0,
         cooling: dict[str, float] | None = None,
+        hold_until: float | None = None,
     ) -> None:
         super().__init__(
             poll_interval=poll_interval,
+            hold_until=hold_until,
             handle=handle,
             market=market,
             spot_was=spot_was,
@@ -56,9 +58,14 @@ class KubernetesAttemptTrigger(SpotPollingTrigger):
         backend: dict[str, Any],
         wake_at: float,
         poll_interval: float = 5.0,
+        hold_until: float | None = None,
     ) -> None:
         super().__init__(
-            poll_interval=poll_interval, handle=handle, backend=backend, wake_at=wake_at
+            poll_interval=poll_interval,
+            hold_until=hold_until,
+            handle=handle,
+            backend=backend,
+            wake_at=wake_at,
         )
         self.watch = Watch(handle, None, None, wake_at, backend)
 
@@ -67,5 +74,12 @@ class KubernetesAttemptTrigger(SpotPollingTrigger):
 
     async def on_kill(self) -> None:
         """The user killed the task while it waited: delete the pod (Airflow >= 3.3)."""
-        if self.watch.handle is not None and self.watch._k8s is not None:
-            await asyncio.to_thread(self.watch._k8s.cancel, self.watch.handle)
+        if self.watch.handle is not None:
+
+            def stop() -> None:
+                k8s = self.watch.k8s
+                if k8s is not None:
+                    k8s.cancel(self.watch.handle)
+                    k8s.cleanup(self.watch.handle, "cancelled")
+
+            await asyncio.to_thread(stop)

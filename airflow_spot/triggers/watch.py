@@ -29,18 +29,33 @@ class Watch:
     cooling: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
+        self._loaded = False
+        self._market: Pools | None = None
+        self._k8s: Any = None
+
+    def _load(self) -> None:
+        """Read the market and build the backend on first use: in the triggerer that is the
+        first poll, in a thread, not the constructor, which runs in the event loop."""
+        if self._loaded:
+            return
         self._market = Pools.load(self.market) if self.market else None
-        self._k8s = None
         if self.backend and self.backend.get("kind") == "kubernetes":
             from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 
             self._k8s = KubernetesBackend.from_dict(self.backend)
+        self._loaded = True
+
+    @property
+    def k8s(self) -> Any:
+        self._load()
+        return self._k8s
 
     def status(self, handle: dict[str, Any]):
-        return self._k8s.status(handle) if self._k8s is not None else read_status(handle)
+        return self.k8s.status(handle) if self.k8s is not None else read_status(handle)
 
     def poll_once(self, now: float | None = None) -> SpotEvent | None:
         now = time.time() if now is None else now
+        self._load()
         spot = None
         if self._market:
             cool = {p for p, until in (self.cooling or {}).items() if now < until}

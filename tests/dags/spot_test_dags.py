@@ -46,6 +46,7 @@ with DAG(
         ),
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,
+        min_deferral=timedelta(0),  # the tests exercise the trigger path
     )
 
 with DAG("spot_test_failures", schedule=None, start_date=START, catchup=False) as failures_dag:
@@ -68,6 +69,7 @@ with DAG("spot_test_failures", schedule=None, start_date=START, catchup=False) a
         ),
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,
+        min_deferral=timedelta(0),  # the tests exercise the trigger path
     )
 
 with DAG("spot_test_mapped", schedule=None, start_date=START, catchup=False) as mapped_dag:
@@ -84,4 +86,5 @@ with DAG("spot_test_mapped", schedule=None, start_date=START, catchup=False) as 
         ),
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,
+        min_deferral=timedelta(0),  # the tests exercise the trigger path
     ).expand(command=[_train(20), _train(20, seed=8)])

@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
+from airflow_spot.exceptions import ConfigError
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.controller import Controller
 from airflow_spot.operators.spot_training import STATE_KEY
@@ -40,6 +41,7 @@ def _op(tmp_path: Path, deadline: timedelta) -> SpotTrainingOperator:
         decision_interval=timedelta(seconds=5),
         poll_interval=0.1,
         deferrable=True,
+        min_deferral=timedelta(0),  # defer even for these short waits: the subject here
     )
 
 
@@ -336,3 +338,40 @@ def test_the_policy_keeps_a_guard_for_a_slower_latest_attempt_and_noise(tmp_path
     assert ctl._guard(100, sps, 3550.0, 30.0) == pytest.approx(20.0)  # capped by the slack
     state.attempts.append(run(3, "spot", 50, 25.0))  # the latest is faster: noise and looks only
     assert ctl._guard(100, 1.0, 400.0, 30.0) == pytest.approx(0.02 * 100 + 0.2)
+
+
+def test_short_waits_stay_in_the_worker_longer_ones_defer_with_a_hold(tmp_path: Path) -> None:
+    """Waits under min_deferral (30 s by default) are spent in the worker, so a 5 s decision
+    interval never defers; with a shorter min_deferral the task defers, and its trigger holds
+    any event for min(10 s, min_deferral / 3)."""
+    trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
+
+    def op(ckpt: str = "ckpt", **kw) -> SpotTrainingOperator:
+        return SpotTrainingOperator(
+            task_id="train",
+            command=train_command(40, step_seconds=0.02),
+            checkpoint_uri=str(tmp_path / ckpt),
+            expected_compute=timedelta(seconds=2),
+            total_steps=40,
+            deadline=timedelta(seconds=120),
+            changeover=timedelta(seconds=0.1),
+            policy="greedy",
+            backend=LocalBackend(
+                trace=str(trace), polarity="available", time_scale=1.0, work_dir=str(tmp_path / "r")
+            ),
+            decision_interval=timedelta(seconds=5),
+            poll_interval=0.05,
+            **kw,
+        )
+
+    store = FileTaskStateStore(tmp_path / "state.json")
+    out = op().execute(make_context(store))  # no TaskDeferred: finished in the worker
+    assert out["deadline_met"] is True and out["attempts"][-1]["outcome"] == "succeeded"
+    other = FileTaskStateStore(tmp_path / "state2.json")
+    t0 = time.time()
+    with pytest.raises(TaskDeferred) as deferred:
+        op("ckpt2", min_deferral=timedelta(seconds=3)).execute(make_context(other))
+    hold = deferred.value.trigger.hold_until - t0
+    assert 0.9 <= hold <= 1.0 + (time.time() - t0)
+    with pytest.raises(ConfigError, match="min_deferral"):
+        op(min_deferral=-timedelta(seconds=1))

@@ -31,7 +31,8 @@ def build(root, trace, deferrable):
         checkpoint_uri=root + "/ckpt", expected_compute=timedelta(seconds=20), total_steps=400,
         deadline=timedelta(seconds=120), changeover=timedelta(seconds=0.1), policy="greedy",
         backend=LocalBackend(trace=trace, polarity="available", time_scale=60.0, work_dir=root + "/runs"),
-        decision_interval=timedelta(seconds=5), poll_interval=0.1, deferrable=deferrable)
+        decision_interval=timedelta(seconds=5), poll_interval=0.1, deferrable=deferrable,
+        min_deferral=timedelta(0))
 """
 
 

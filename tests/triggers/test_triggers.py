@@ -157,6 +157,30 @@ def test_tick_wakes_the_operator_when_nothing_happens(tmp_path: Path) -> None:
     assert ev.kind is EventKind.TICK
 
 
+def test_a_held_trigger_reports_no_sooner_than_its_hold(tmp_path: Path) -> None:
+    """A deferred task resumes no sooner than hold_until (Airflow may fail a task whose trigger
+    fires within seconds of deferring); the hold survives serialisation."""
+    market = {
+        "trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])),
+        "polarity": "available",
+        "time_scale": 1.0,
+        "epoch": time.time(),
+        "offset": 0,
+    }
+    t0 = time.time()
+    trigger = LocalAttemptTrigger(
+        handle=None,
+        market=market,
+        spot_was=True,
+        wake_at=t0,
+        poll_interval=0.05,
+        hold_until=t0 + 0.6,
+    )
+    assert trigger.serialize()[1]["hold_until"] == t0 + 0.6
+    ev = _run_first(trigger)
+    assert ev.kind is EventKind.TICK and time.time() - t0 >= 0.6
+
+
 def test_watcher_failure_becomes_an_error_event(tmp_path: Path) -> None:
     """A broken attempt handle yields an ERROR event instead of killing the trigger."""
     trig = LocalAttemptTrigger(

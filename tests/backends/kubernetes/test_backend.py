@@ -148,6 +148,7 @@ def _operator(cfg: str, root: Path) -> SpotTrainingOperator:
         ),
         decision_interval=timedelta(seconds=5),
         poll_interval=0.1,
+        min_deferral=timedelta(0),
     )
 
 
