@@ -24,9 +24,9 @@ TICK = SpotEvent(EventKind.TICK, time.time())
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
 
 
-def _op(tmp_path: Path, deadline: timedelta) -> SpotTrainingOperator:
+def _op(tmp_path: Path, deadline: timedelta, **changes) -> SpotTrainingOperator:
     trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
-    return SpotTrainingOperator(
+    args = dict(
         task_id="train",
         command=SLEEPER,
         checkpoint_uri=str(tmp_path / "ckpt"),
@@ -43,6 +43,7 @@ def _op(tmp_path: Path, deadline: timedelta) -> SpotTrainingOperator:
         deferrable=True,
         min_deferral=timedelta(0),  # defer even for these short waits: the subject here
     )
+    return SpotTrainingOperator(**{**args, **changes})
 
 
 def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_it(
@@ -344,24 +345,16 @@ def test_short_waits_stay_in_the_worker_longer_ones_defer_with_a_hold(tmp_path: 
     """Waits under min_deferral (30 s by default) are spent in the worker, so a 5 s decision
     interval never defers; with a shorter min_deferral the task defers, and its trigger holds
     any event for min(10 s, min_deferral / 3)."""
-    trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
 
     def op(ckpt: str = "ckpt", **kw) -> SpotTrainingOperator:
-        return SpotTrainingOperator(
-            task_id="train",
-            command=train_command(40, step_seconds=0.02),
+        quick = dict(command=train_command(40, step_seconds=0.02), total_steps=40)
+        return _op(
+            tmp_path,
+            timedelta(seconds=120),
             checkpoint_uri=str(tmp_path / ckpt),
             expected_compute=timedelta(seconds=2),
-            total_steps=40,
-            deadline=timedelta(seconds=120),
-            changeover=timedelta(seconds=0.1),
-            policy="greedy",
-            backend=LocalBackend(
-                trace=str(trace), polarity="available", time_scale=1.0, work_dir=str(tmp_path / "r")
-            ),
-            decision_interval=timedelta(seconds=5),
             poll_interval=0.05,
-            **kw,
+            **{**quick, "min_deferral": timedelta(seconds=30), **kw},
         )
 
     store = FileTaskStateStore(tmp_path / "state.json")

@@ -140,15 +140,20 @@ def test_market_change_wakes_the_operator(tmp_path: Path) -> None:
     assert ev.kind is EventKind.MARKET_CHANGED and ev.spot_available is True
 
 
-def test_tick_wakes_the_operator_when_nothing_happens(tmp_path: Path) -> None:
-    """With nothing happening, the decision interval yields a TICK."""
-    market = {
+def _steady_market(tmp_path: Path) -> dict:
+    """A market with spot up throughout, replayed in real time."""
+    return {
         "trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])),
         "polarity": "available",
         "time_scale": 1.0,
         "epoch": time.time(),
         "offset": 0,
     }
+
+
+def test_tick_wakes_the_operator_when_nothing_happens(tmp_path: Path) -> None:
+    """With nothing happening, the decision interval yields a TICK."""
+    market = _steady_market(tmp_path)
     ev = _run_first(
         LocalAttemptTrigger(
             handle=None, market=market, spot_was=True, wake_at=time.time() + 0.2, poll_interval=0.05
@@ -160,13 +165,7 @@ def test_tick_wakes_the_operator_when_nothing_happens(tmp_path: Path) -> None:
 def test_a_held_trigger_reports_no_sooner_than_its_hold(tmp_path: Path) -> None:
     """A deferred task resumes no sooner than hold_until (Airflow may fail a task whose trigger
     fires within seconds of deferring); the hold survives serialisation."""
-    market = {
-        "trace": str(scripted_trace(tmp_path / "m.json", [(True, 10)])),
-        "polarity": "available",
-        "time_scale": 1.0,
-        "epoch": time.time(),
-        "offset": 0,
-    }
+    market = _steady_market(tmp_path)
     t0 = time.time()
     trigger = LocalAttemptTrigger(
         handle=None,
