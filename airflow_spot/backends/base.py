@@ -65,3 +65,11 @@ class AttemptStatus:
         d["outcome"] = Outcome(d["outcome"]) if d.get("outcome") else None
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def stop(backend: Any, handle: dict[str, Any]) -> AttemptStatus:
+    """Cancel an attempt and release what it holds (its pod, per the backend's policy): for
+    callers that keep no record of it (a kill, a job replaced), so no log is read first."""
+    status = backend.cancel(handle)
+    backend.cleanup(handle, status.outcome.value if status.outcome else "")
+    return status

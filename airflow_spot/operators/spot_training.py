@@ -289,13 +289,14 @@ class SpotTrainingOperator(BaseOperator):
         running (or fail this try) and keep its record under ``<key>.previous``."""
         live = old.live
         if live is not None:
-            status = self._backend().cancel(live.handle)
+            from airflow_spot.backends.base import stop
+
+            status = stop(self._backend(), live.handle)
             if not status.terminal:
                 raise BackendError(
                     f"attempt {live.attempt} of the failed job still runs and could not be "
                     "stopped; stop it by hand or retry"
                 )
-            self._backend().cleanup(live.handle, status.outcome.value if status.outcome else "")
         store.set(f"{STATE_KEY}.previous", old.to_dict())
         self.log.info(
             "The previous job failed for good (%s: %s); its record is kept under %s.previous. "
@@ -382,8 +383,9 @@ class SpotTrainingOperator(BaseOperator):
         handle = getattr(self, "_live_handle", None)
         if handle is not None:
             self.log.warning("Task killed: cancelling attempt at %s.", handle.get("run_dir"))
-            status = self._backend().cancel(handle)
-            self._backend().cleanup(handle, status.outcome.value if status.outcome else "")
+            from airflow_spot.backends.base import stop
+
+            stop(self._backend(), handle)
 
     # -- the loop ---------------------------------------------------------------------------
     def _new_state(self, now: float) -> JobState:

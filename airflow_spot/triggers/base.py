@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,8 +45,6 @@ class SpotPollingTrigger(BaseTrigger):
         """Poll until an event; a failed poll (a network blip, a throttled API) is tried again
         after a growing pause (one poll interval more each time, at most 30 s), and only
         ``max_errors`` failures in a row, or one that another poll cannot heal, end the watch."""
-        import time
-
         errors = 0
         while True:
             try:
@@ -58,7 +57,7 @@ class SpotPollingTrigger(BaseTrigger):
                     self.log.exception(
                         "Watching failed %d times in a row; waking the operator to decide.", errors
                     )
-                    await self._held()
+                    await asyncio.sleep(self._hold_left())
                     yield TriggerEvent(
                         SpotEvent(
                             EventKind.ERROR, time.time(), message=f"{type(e).__name__}: {e}"
@@ -77,13 +76,11 @@ class SpotPollingTrigger(BaseTrigger):
                 await asyncio.sleep(pause)
                 continue
             errors = 0
-            if event is not None and (self.hold_until is None or time.time() >= self.hold_until):
+            if event is not None and self._hold_left() == 0:
                 yield TriggerEvent(event.to_payload())
                 return
             await asyncio.sleep(self.poll_interval)
 
-    async def _held(self) -> None:
-        import time
-
-        if self.hold_until is not None and time.time() < self.hold_until:
-            await asyncio.sleep(self.hold_until - time.time())
+    def _hold_left(self) -> float:
+        """Seconds until events may be reported (0 when not held)."""
+        return 0.0 if self.hold_until is None else max(0.0, self.hold_until - time.time())

@@ -74,12 +74,8 @@ class KubernetesAttemptTrigger(SpotPollingTrigger):
 
     async def on_kill(self) -> None:
         """The user killed the task while it waited: delete the pod (Airflow >= 3.3)."""
-        if self.watch.handle is not None:
+        handle = self.watch.handle
+        if handle is not None:
+            from airflow_spot.backends.base import stop
 
-            def stop() -> None:
-                k8s = self.watch.k8s
-                if k8s is not None:
-                    k8s.cancel(self.watch.handle)
-                    k8s.cleanup(self.watch.handle, "cancelled")
-
-            await asyncio.to_thread(stop)
+            await asyncio.to_thread(lambda: stop(self.watch.k8s, handle))

@@ -234,9 +234,7 @@ class KubernetesBackend:
             )
             self._delete(old.metadata.name, grace=0)
             if old.metadata.name == name:  # its name is the new pod's: wait until it is gone
-                until = time.time() + 30.0
-                while time.time() < until and self._read_pod(name) is not None:
-                    time.sleep(0.2)
+                self._wait_gone(name, 30.0)
         template = load_pod_template(self.pod_template)
         try:
             pod = build_pod(
@@ -409,9 +407,7 @@ class KubernetesBackend:
         if st is not None and st.terminal:
             return st  # ended on its own: the caller reads its log, then cleans up
         self._delete(handle["pod"], grace=self.grace_period_s)
-        until = time.time() + wait_s
-        while time.time() < until and self._pod_may_exist(handle["pod"]):
-            time.sleep(0.2)
+        self._wait_gone(handle["pod"], wait_s)
         return AttemptStatus(
             State.ENDED,
             handle["capacity"],
@@ -440,11 +436,8 @@ class KubernetesBackend:
 
     def _failed_container(self, pod_name: str) -> str:
         """The init container that failed, if one did (``train`` never started then)."""
-        pod = self._read_pod(pod_name)
-        for cs in (pod.status.init_container_statuses or []) if pod and pod.status else []:
-            if cs.state and cs.state.terminated and cs.state.terminated.exit_code:
-                return cs.name
-        return "train"
+        failed = _failed_init(self._read_pod(pod_name))
+        return failed.name if failed is not None else "train"
 
     def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
         """Delete an ended attempt's pod per ``delete_pods``."""
@@ -464,11 +457,16 @@ class KubernetesBackend:
                 return None
             raise BackendError(f"reading pod {name}: {e.status} {e.reason}") from e
 
-    def _pod_may_exist(self, name: str) -> bool:
-        try:
-            return self._read_pod(name) is not None
-        except BackendError:
-            return True  # cannot tell (yet): keep waiting, up to the bound
+    def _wait_gone(self, name: str, wait_s: float) -> None:
+        """Wait (at most ``wait_s``) until the pod is gone; a failed read means not yet."""
+        until = time.time() + wait_s
+        while time.time() < until:
+            try:
+                if self._read_pod(name) is None:
+                    return
+            except BackendError:
+                pass
+            time.sleep(0.2)
 
     def _read_node(self, name: str):
         from kubernetes.client.exceptions import ApiException
@@ -602,7 +600,15 @@ def _exit_code(pod: Any) -> int | None:
     for cs in pod.status.container_statuses or []:
         if cs.state and cs.state.terminated:
             return cs.state.terminated.exit_code
-    for cs in pod.status.init_container_statuses or []:  # an init container that failed
+    failed = _failed_init(pod)
+    return failed.state.terminated.exit_code if failed is not None else None
+
+
+def _failed_init(pod: Any) -> Any:
+    """The status of an init container that exited non-zero, or None."""
+    if pod is None or pod.status is None:
+        return None
+    for cs in pod.status.init_container_statuses or []:
         if cs.state and cs.state.terminated and cs.state.terminated.exit_code:
-            return cs.state.terminated.exit_code
+            return cs
     return None

@@ -7,6 +7,7 @@ non-root, no privilege escalation, no service-account token unless asked.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from typing import Any
@@ -216,8 +217,6 @@ def _with_main_first(template: k8s.V1Pod | None) -> k8s.V1Pod | None:
     ``train`` when the template has only sidecars): the reconcile merges by position."""
     if template is None:
         return None
-    import copy
-
     template = copy.deepcopy(template)
     template.spec = template.spec or k8s.V1PodSpec(containers=[])
     containers = list(template.spec.containers or [])

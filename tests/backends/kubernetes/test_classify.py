@@ -574,19 +574,23 @@ def test_api_json_dicts_classify_like_models() -> None:
     assert classify(raw2).verdict is Verdict.OOM_KILLED
 
 
-def test_an_init_container_that_cannot_start_fails_the_attempt() -> None:
-    """An image pull error on an init container (API JSON) counts like one on the main one."""
-    raw = {
+def _initialising(phase: str, init_state: dict) -> dict:
+    """A pod (API JSON) whose init container "fetch" is in ``init_state`` and whose "train"
+    container waits for it."""
+    return {
         "status": {
-            "phase": "Pending",
-            "initContainerStatuses": [
-                {"name": "fetch", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
-            ],
+            "phase": phase,
+            "initContainerStatuses": [{"name": "fetch", "state": init_state}],
             "containerStatuses": [
                 {"name": "train", "state": {"waiting": {"reason": "PodInitializing"}}}
             ],
         }
     }
+
+
+def test_an_init_container_that_cannot_start_fails_the_attempt() -> None:
+    """An image pull error on an init container (API JSON) counts like one on the main one."""
+    raw = _initialising("Pending", {"waiting": {"reason": "ImagePullBackOff"}})
     assert classify(raw, start_error_for_s=30).verdict is Verdict.PENDING
     got = classify(raw, start_error_for_s=900)
     assert got.verdict is Verdict.APP_FAILURE and "ImagePullBackOff" in got.reason
@@ -602,17 +606,7 @@ def test_an_init_container_that_cannot_start_fails_the_attempt() -> None:
 def test_a_failed_init_container_is_the_application_s(terminated, verdict) -> None:
     """An init container that exits non-zero (or is OOM-killed) on healthy capacity fails the
     attempt like the main container would; it is not an infrastructure disruption."""
-    raw = {
-        "status": {
-            "phase": "Failed",
-            "initContainerStatuses": [
-                {"name": "fetch", "state": {"terminated": terminated}},
-            ],
-            "containerStatuses": [
-                {"name": "train", "state": {"waiting": {"reason": "PodInitializing"}}}
-            ],
-        }
-    }
+    raw = _initialising("Failed", {"terminated": terminated})
     got = classify(raw, {"metadata": {"labels": ON_DEMAND}})
     assert got.verdict is verdict, got
 
