@@ -320,6 +320,25 @@ def test_a_row_says_met_only_once_the_job_has_ended() -> None:
     assert [got[k]["savings"] for k in ("running", "failed", "finished")] == [None, None, 0.6]
 
 
+def test_a_task_instance_airflow_ended_shows_as_stopped() -> None:
+    """A task instance the scheduler (or a user) failed without the operator keeps a running
+    snapshot in its state: it shows as stopped, naming the attempt that may still run."""
+    from airflow_spot.plugins.data import row
+
+    state = {
+        "snapshot": {"spot_hours": 3.0},
+        "attempts": [{"attempt": 2, "capacity": "spot", "ended_at": None}],
+    }
+    assert row("d", "r", "t", -1, "running", state, None)["now"] == "spot"
+    assert (
+        row("d", "r", "t", -1, "failed", state, None)["now"]
+        == "stopped (task failed); attempt 2 on spot may still run"
+    )
+    assert row("d", "r", "t", -1, "failed", {"snapshot": {}}, None)["now"] == (
+        "stopped (task failed)"
+    )
+
+
 def test_the_decision_log_says_what_it_did_not_keep(monkeypatch) -> None:
     """The log keeps the last 500 decisions; the page says how many earlier ones were dropped."""
     from airflow_spot.plugins import app
