@@ -4,6 +4,7 @@ operator object it serves (its arguments) and the task state store the operator 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shlex
 import time
@@ -450,6 +451,8 @@ class Controller:
         changeover = st.measured_changeover_s(sps)
         if changeover is None:
             changeover = self.op.changeover.total_seconds() * scale
+        elif changeover > 0:  # on a grid of 16 steps per octave: the plan is not re-solved
+            changeover = 2 ** (round(16 * math.log2(changeover)) / 16)  # for every new mean
         live = st.live
         reported = done_steps  # at best: the running attempt's latest progress report
         if live is not None and live.started_at is not None and live.step_end is not None:

@@ -48,6 +48,10 @@ if TYPE_CHECKING:  # the model and the solver load on first use: DAG parsing nev
     from airflow_spot.policy.plan import Plan
 
 MAX_PLAN_STEPS = 600  # the plan's intervals are at least deadline / 600 long
+# and at least changeover / 4 (the plan keeps a state per interval of changeover left: a 2 h
+# changeover on 6 min intervals took 420 MB and 30 s to solve)
+MAX_CHANGEOVER_STEPS = 4
+KEEP_PLANS = 2  # plans kept in memory (a measured changeover may hover between two)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class DeadlineAware(Policy):
         self.params = params or Params()
         priors.path(self.params.prior)  # an unknown name fails here, naming the choices
         self._model: HazardModel | None = None
-        self._last: tuple[JobSpec, HazardModel, Plan, HazardModel] | None = None
+        self._plans: list[tuple[HazardModel, tuple, Plan, HazardModel]] = []  # newest first
 
     @property
     def model(self) -> HazardModel:
@@ -89,15 +93,26 @@ class DeadlineAware(Policy):
         return cls(Params(prior=option))
 
     def plan(self, job: JobSpec) -> tuple[Plan, HazardModel]:
-        """The plan for ``job`` and the model it was solved on (kept for the next look)."""
-        last = self._last
-        if last is not None and last[0] == job and last[1] is self.model:
-            return last[2], last[3]
-        from airflow_spot.policy.plan import solve
+        """The plan for ``job`` and the model it was solved on (kept for the next look).
 
-        step = max(job.tick_s, job.deadline_s / MAX_PLAN_STEPS)
-        model = self.model.for_tick(step)
-        plan = solve(
+        A live job's shape drifts at every look (measured throughput and changeover, the
+        operator's guard): the interval is rounded up on a geometric grid, a plan is solved
+        with room for the slack to grow, and the last few plans are kept while they serve
+        the new shape (:func:`~airflow_spot.policy.plan.serves`), so a job solves a handful
+        of plans, not one per look.
+        """
+        from airflow_spot.policy import plan as plans
+
+        step = job.tick_s
+        least = max(job.deadline_s / MAX_PLAN_STEPS, job.changeover_s / MAX_CHANGEOVER_STEPS)
+        if least > step:
+            step *= plans.grid_up(least / step * 1024) / 1024
+        if self._plans and self._plans[0][0] is not self.model:
+            self._plans.clear()  # the prior was swapped
+        model = next((m for *_, m in self._plans if m.tick_s == step), None)
+        if model is None:
+            model = self.model.for_tick(step)
+        key = plans.shape(
             model,
             step,
             job.changeover_s,
@@ -107,7 +122,15 @@ class DeadlineAware(Policy):
             math.ceil(job.deadline_s / step),
             self.params.miss_penalty,
         )
-        self._last = (job, self.model, plan, model)
+        for i, (_, have, plan, m) in enumerate(self._plans):
+            if plans.serves(have, key):
+                self._plans.insert(0, self._plans.pop(i))
+                return plan, m
+        # with room for the slack to grow a tenth (the guard shrinks as the work gets done)
+        plan = plans.solve_shape(key, room=1.1)
+        key = (*key[:4], plan.max_slack, *key[5:])
+        self._plans.insert(0, (self.model, key, plan, model))
+        del self._plans[KEEP_PLANS:]
         return plan, model
 
     def reserve(self, job: JobSpec, obs: Observation) -> float:

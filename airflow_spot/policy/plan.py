@@ -18,8 +18,8 @@ slack included: is the cheap choice optimal? (Not a slack threshold per state: n
 deadline the best choice is not monotone in the slack, and thresholds cost 2 %.) A decision
 is then a table lookup.
 
-Solving takes 0.1 to 5 seconds (numpy, imported only here and only when a plan is solved);
-plans are cached per job shape and model.
+Solving takes 0.1 to 6 seconds (numpy, imported only here and only when a plan is solved);
+plans are cached per job shape and model, in memory and (zlib-compressed) on disk.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -73,6 +74,53 @@ class Plan:
         return 1 + k if capacity == "spot" else 1 + len(self.rro) + k
 
 
+def shape(
+    model: HazardModel,
+    tick_s: float,
+    changeover_s: float,
+    spot_price: float,
+    on_demand_price: float,
+    max_slack_s: float,
+    max_tau: int,
+    miss_penalty: float = 10.0,
+) -> tuple:
+    """The key of the plan for one job shape (what :func:`solve_shape` solves).
+
+    The slack range and the intervals to plan for are rounded up to a step of a geometric
+    grid (an eighth of an octave) and the price ratio to two decimals, so that a job whose
+    measured throughput, guard or spot price drifts a little between looks reuses its plan
+    instead of solving it again. Slack is kept in tenths of an interval, coarser (down to
+    halves) when that would take more than :data:`MAX_SLACK_UNITS` levels.
+    """
+    g = UNITS_PER_TICK
+    if max_slack_s / tick_s * g > MAX_SLACK_UNITS:
+        g = max(2, int(MAX_SLACK_UNITS * tick_s // max_slack_s))
+    unit = tick_s / g
+    smax = max(g, grid_up(max(int(max_slack_s // unit), 1)))
+    return (
+        model,
+        float(tick_s),
+        int(round(changeover_s / unit)),
+        round(spot_price / on_demand_price, 2),
+        smax,
+        grid_up(max(int(max_tau), 1)),
+        float(miss_penalty),
+        g,
+    )
+
+
+def grid_up(n: float) -> int:
+    """``n`` rounded up to the next step of a geometric grid of eight steps per octave."""
+    return math.ceil(2 ** (math.ceil(8 * math.log2(n)) / 8))
+
+
+def serves(have: tuple, want: tuple) -> bool:
+    """Whether the plan of shape ``have`` answers every look of shape ``want`` as that shape's
+    own plan would: the same shape with at least its slack range (a plan's bit for a slack
+    never depends on the larger slacks the table also holds)."""
+    return have[:4] == want[:4] and have[5:] == want[5:] and have[4] >= want[4]
+
+
 def solve(
     model: HazardModel,
     tick_s: float,
@@ -83,42 +131,51 @@ def solve(
     max_tau: int,
     miss_penalty: float = 10.0,
 ) -> Plan:
-    """The plan for one job shape (cached in memory, and on disk when :data:`CACHE_DIR` is set).
-
-    The slack range is rounded up to a step of a geometric grid and the price ratio to two
-    decimals, so that a job whose measured throughput or spot price drifts a little between
-    looks reuses its plan instead of solving it again. Slack is kept in tenths of an interval,
-    coarser (down to halves) when that would take more than :data:`MAX_SLACK_UNITS` levels.
-    """
-    g = UNITS_PER_TICK
-    if max_slack_s / tick_s * g > MAX_SLACK_UNITS:
-        g = max(2, int(MAX_SLACK_UNITS * tick_s // max_slack_s))
-    unit = tick_s / g
-    smax = int(max_slack_s // unit)
-    smax = max(g, math.ceil(2 ** (math.ceil(8 * math.log2(max(smax, 1))) / 8)))
-    key = (
-        model,
-        float(tick_s),
-        int(round(changeover_s / unit)),
-        round(spot_price / on_demand_price, 2),
-        smax,
-        int(max_tau),
-        float(miss_penalty),
-        g,
+    """The plan for one job shape (see :func:`shape`)."""
+    return solve_shape(
+        shape(
+            model,
+            tick_s,
+            changeover_s,
+            spot_price,
+            on_demand_price,
+            max_slack_s,
+            max_tau,
+            miss_penalty,
+        )
     )
+
+
+def solve_shape(key: tuple, room: float = 1.0) -> Plan:
+    """The plan of shape ``key``: from memory, from :data:`CACHE_DIR` when set, or solved
+    (with ``room`` times the slack range, for a slack that will grow).
+
+    A cached file is named by the shape less its slack range and is used when its range
+    covers the job's (:func:`serves`); otherwise the plan is solved and the file replaced.
+    """
+    if room != 1.0:
+        key, need = (*key[:4], grid_up(key[4] * room), *key[5:]), key[4]
+    else:
+        need = key[4]
     if CACHE_DIR is None:
         return _solve(*key)
     path = Path(CACHE_DIR) / f"plan-{_digest(key)}.bin"
     try:
-        return load(path)
+        plan = load(path)
+        if plan.max_slack >= need and plan.max_tau == key[5]:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # recently used: kept longest by prune()
+            return plan
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: solve it again
     plan = _solve(*key)
     with contextlib.suppress(OSError):  # a read-only or full cache costs the next process a solve
         save(plan, path)
+        prune(Path(CACHE_DIR), keep=path)
     return plan
 
 
+FORMAT = 2  # of the files in CACHE_DIR (1: uncompressed bits, keyed with the slack range)
 CACHE_DIR: str | None = None  # set by the operator: plans outlive the worker process
 
 
@@ -126,12 +183,14 @@ def _digest(key: tuple) -> str:
     import hashlib
 
     model, *rest = key
-    text = json.dumps([model.to_json(), *rest], sort_keys=True, default=str)
+    del rest[3]  # the slack range: a file of the same shape with a wider range serves
+    text = json.dumps([FORMAT, model.to_json(), *rest], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def save(plan: Plan, path: Path) -> None:
-    """Write a plan as a JSON header line and its raw bits (no pickle: safe to load)."""
+    """Write a plan as a JSON header line and its bits, zlib-compressed (no pickle: safe to
+    load; a 51 MB table of a 60 h job on 60 s looks takes about 0.8 MB)."""
     head = {
         f: getattr(plan, f)
         for f in (
@@ -146,11 +205,12 @@ def save(plan: Plan, path: Path) -> None:
             "values",
         )
     }
-    head["bits"] = len(plan.bits)
+    packed = zlib.compress(plan.bits, 6)
+    head["bits"], head["format"] = len(packed), FORMAT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with open(tmp, "wb") as fh:
-        fh.write(json.dumps(head).encode() + b"\n" + plan.bits)
+        fh.write(json.dumps(head).encode() + b"\n" + packed)
     os.replace(tmp, path)
 
 
@@ -158,14 +218,35 @@ def load(path: Path) -> Plan:
     """Read a plan written by :func:`save`; ``ValueError`` when the file is not one."""
     with open(path, "rb") as fh:
         head = json.loads(fh.readline())
-        bits = fh.read(head.pop("bits"))
+        if head.pop("format", None) != FORMAT:
+            raise ValueError(f"{path}: not a plan of format {FORMAT}")
+        try:
+            bits = zlib.decompress(fh.read(head.pop("bits")))
+        except zlib.error as e:
+            raise ValueError(f"{path}: damaged plan ({e})") from e
     if len(bits) != (head["max_tau"] + 1) * head["states"] * 2 * head["buckets"] * head["row"]:
         raise ValueError(f"{path}: truncated plan")
     head["rro"], head["values"] = tuple(head["rro"]), tuple(head["values"])
     return Plan(bits=bits, **head)
 
 
-@lru_cache(maxsize=8)
+def prune(cache: Path, keep: Path, max_bytes: int = 256 << 20, max_files: int = 64) -> None:
+    """Delete the least recently used plan files beyond ``max_files`` or ``max_bytes``."""
+    files = []
+    for f in cache.glob("plan-*.bin"):
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            files.append((st.st_mtime, st.st_size, f))
+    files.sort(reverse=True)
+    total = 0
+    for n, (_, size, f) in enumerate(files):
+        total += size
+        if f != keep and (n >= max_files or total > max_bytes):
+            with contextlib.suppress(OSError):
+                f.unlink()
+
+
+@lru_cache(maxsize=4)
 def _solve(
     model: HazardModel,
     tick_s: float,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -208,7 +209,7 @@ def test_plan_for_a_long_job_with_short_looks_stays_small() -> None:
     """A job that looks every minute for a week is planned on coarser intervals."""
     job = JobSpec(work_s=100 * HOUR, deadline_s=168 * HOUR, changeover_s=0.1 * HOUR, tick_s=60.0)
     plan, _ = DeadlineAware().plan(job)
-    assert plan.max_tau <= 600 and len(plan.bits) < 50_000_000
+    assert plan.max_tau <= 610 and len(plan.bits) < 64_000_000  # 600 intervals, on the grid
     d = DeadlineAware().decide(job, Observation(3600.0, 3000.0, Capacity.NONE, False, 0, 0, 60))
     assert d.capacity is Capacity.NONE and "expected outage" in d.reason
 
@@ -241,3 +242,52 @@ def test_plans_cache_on_disk_and_reject_damaged_files(tmp_path, monkeypatch) -> 
     assert solve(*args) == first and load(path) == first
     save(first, tmp_path / "copy.bin")
     assert load(tmp_path / "copy.bin").cheap(10, 0, True, 0, 30) == first.cheap(10, 0, True, 0, 30)
+
+
+def test_a_live_job_whose_shape_drifts_solves_few_plans(tmp_path, monkeypatch) -> None:
+    """The operator's job shape changes at every look (measured throughput and changeover, a
+    shrinking guard on the deadline); the policy must not solve and store a plan for each.
+    Before, every look of a job longer than 600 looks solved a new plan (4 s and 51 MB on
+    disk for the README's 60 h job)."""
+    import airflow_spot.policy.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "CACHE_DIR", str(tmp_path))
+    solved = []
+    real = plan_mod._solve.__wrapped__
+    monkeypatch.setattr(plan_mod, "_solve", lambda *key: solved.append(key) or real(*key))
+    policy = DeadlineAware()
+    rng = random.Random(3)
+    decisions = []
+    for i in range(60):
+        guard = 0.6 * HOUR * (1 - i / 60) + 120  # the guard shrinks as the work gets done
+        job = JobSpec(
+            work_s=10 * HOUR * (1 + rng.uniform(-0.01, 0.01)),  # measured rate
+            deadline_s=14 * HOUR - guard,
+            changeover_s=2 ** (round(16 * math.log2(600 + rng.uniform(-20, 20))) / 16),
+            tick_s=60.0,  # 840 looks to the deadline: planned on coarser intervals
+        )
+        obs = Observation(i * 300.0, i * 250.0, Capacity.NONE, i % 4 != 0, 0.0, 0, 300.0)
+        decisions.append(policy.decide(job, obs).capacity)
+    assert 1 <= len(solved) <= 4, [k[1:] for k in solved]
+    assert len(list(tmp_path.glob("plan-*.bin"))) <= len(solved)
+    assert Capacity.NONE in decisions  # it did plan
+    # a new process (nothing in memory) finds the stored plan instead of solving again
+    solved.clear()
+    DeadlineAware().decide(job, obs)
+    assert solved == []
+
+
+def test_plan_cache_keeps_the_newest_files(tmp_path) -> None:
+    """The cache directory does not grow without bound: least recently used plans go."""
+    import os
+
+    import airflow_spot.policy.plan as plan_mod
+
+    for i in range(6):
+        f = tmp_path / f"plan-{i}.bin"
+        f.write_bytes(b"x" * 1000)
+        os.utime(f, (1000 + i, 1000 + i))
+    plan_mod.prune(tmp_path, keep=tmp_path / "plan-0.bin", max_bytes=2500, max_files=64)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["plan-0.bin", "plan-4.bin", "plan-5.bin"]
+    plan_mod.prune(tmp_path, keep=tmp_path / "plan-5.bin", max_bytes=10**9, max_files=1)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["plan-5.bin"]
