@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,12 @@ class FakeTaskInstance:
     map_index: int = -1
     try_number: int = 1
     max_tries: int = 0  # Airflow's retries: tries left while try_number <= max_tries
+    # other task instances' states, {run_id: {task_id: state}}, as Airflow's execution API
+    # answers ``get_task_states`` (the dag.test() tests ask the real one)
+    states: dict = field(default_factory=dict)
+
+    def get_task_states(self, dag_id: str, **_: Any) -> dict:
+        return self.states
 
 
 def make_context(store: FileTaskStateStore, **ti: Any) -> dict[str, Any]:

@@ -253,16 +253,29 @@ class SpotTrainingOperator(BaseOperator):
                 f"of this task in this run; mapped instances each need their own location: "
                 f"{fix}",
             )
-        prev = ckpts.owner()  # the last task instance that trained here
+        # the last task instance that trained here (recorded in one conditional write: of two
+        # jobs starting together, the second sees the first)
+        prev = ckpts.claim(me)
         theirs = {k: (prev or {}).get(k) for k in me}
-        other = theirs != me
+        other = prev is not None and theirs != me
+        if other and (theirs["dag_id"], theirs["task_id"]) != (me["dag_id"], me["task_id"]):
+            fix = "give each task its own location, e.g. '.../{{ ti.task_id }}/{{ run_id }}'"
+        who = _ti_name(theirs)
+        live = _ti_state(ti, theirs) if other else None
+        if live in LIVE_TI_STATES:
+            raise ConfigError(
+                "checkpoint_uri",
+                f"{self.checkpoint_uri} is in use by {who}, which is {live}: two jobs would "
+                f"train into and resume from each other's checkpoints; {fix}, or start this one "
+                "after that task instance ends (nothing was changed)",
+            )
         m = ckpts.latest_manifest()
         if m is not None and (self.total_steps or m.total_steps or 0) <= m.step:
             m = ckpts.latest_valid()  # complete work counts only if its files are whole
         if m is not None:
             total = self.total_steps or m.total_steps
             saved = datetime.fromtimestamp(m.created, timezone.utc).isoformat(timespec="seconds")
-            by = f" by run {theirs['run_id']}" if prev and theirs["run_id"] != me["run_id"] else ""
+            by = f" by {who}" if other else ""
             if total and m.step >= total:
                 raise ConfigError(
                     "checkpoint_uri",
@@ -827,3 +840,44 @@ def _parse_deadline(text: str) -> datetime | timedelta:
         raise ConfigError(
             "deadline", f"{text!r} is neither an ISO datetime nor a duration like '6h'"
         ) from None
+
+
+# task instance states in which a job may still train (or will again, on retry)
+LIVE_TI_STATES = frozenset(
+    {
+        "running",
+        "deferred",
+        "queued",
+        "scheduled",
+        "up_for_retry",
+        "up_for_reschedule",
+        "restarting",
+    }
+)
+
+
+def _ti_name(ti: dict[str, Any]) -> str:
+    index = ti.get("map_index")
+    mapped = f" [map index {index}]" if isinstance(index, int) and index >= 0 else ""
+    return f"task {ti.get('dag_id')}.{ti.get('task_id')}{mapped} of run {ti.get('run_id')}"
+
+
+def _ti_state(ti: Any, other: dict[str, Any]) -> str | None:
+    """The state of another task instance, asked of Airflow (None when it cannot say: an old
+    Airflow, a deleted run or DAG, no API server)."""
+    get = getattr(ti, "get_task_states", None)
+    if get is None or not other.get("dag_id") or not other.get("run_id"):
+        return None
+    index = other.get("map_index")
+    try:
+        states = get(dag_id=other["dag_id"], task_ids=[other["task_id"]], run_ids=[other["run_id"]])
+    except Exception as e:  # noqa: BLE001 - unknown is not an error: the check is best effort
+        log.debug("could not read the state of %s: %s", _ti_name(other), e)
+        return None
+    name = (
+        other["task_id"]
+        if not isinstance(index, int) or index < 0
+        else f"{other['task_id']}_{index}"
+    )
+    state = (states or {}).get(other["run_id"], {}).get(name)
+    return str(getattr(state, "value", state)) if state is not None else None

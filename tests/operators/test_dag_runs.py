@@ -115,6 +115,43 @@ def test_application_failures_spend_only_the_failure_budget(monkeypatch, tmp_pat
     assert os.path.exists(st["attempts"][0]["handle"]["run_dir"])
 
 
+def test_a_live_job_of_another_run_keeps_its_location(monkeypatch, tmp_path: Path, capfd) -> None:
+    """The failures DAG trains into one untemplated location. With its first run's task
+    instance live again (up for retry: a real row of Airflow's database, read back through
+    Airflow's execution API), a second run of the task is refused before it starts anything;
+    once that task instance has ended, the next run takes the location over."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    trace = scripted_trace(tmp_path / "market.json", [(True, 1000)])
+    dag, first = _run(monkeypatch, tmp_path, "failures_dag", SPOT_TEST_TRACE=str(trace))
+    assert first.state == "failed"
+
+    def set_first(state: str) -> None:
+        with create_session() as s:
+            ti = s.scalars(
+                select(TaskInstance).where(
+                    TaskInstance.dag_id == dag.dag_id, TaskInstance.run_id == first.run_id
+                )
+            ).one()
+            ti.state = state
+
+    set_first("up_for_retry")
+    capfd.readouterr()
+    _, second = _run(monkeypatch, tmp_path, "failures_dag", SPOT_TEST_TRACE=str(trace))
+    assert second.state == "failed"
+    out = "".join(capfd.readouterr())
+    assert (
+        f"is in use by task spot_test_failures.train of run {first.run_id}, which is up_for_retry"
+        in out
+    )
+    assert _mapped_states(dag.dag_id, second.run_id) == {}  # it never started a job
+    set_first("failed")
+    _, third = _run(monkeypatch, tmp_path, "failures_dag", SPOT_TEST_TRACE=str(trace))
+    assert _state(dag.dag_id, third.run_id)["failed"]["error"] == "FailureBudgetExhausted"
+
+
 def _mapped_states(dag_id: str, run_id: str) -> dict[int, dict]:
     from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.utils.session import create_session

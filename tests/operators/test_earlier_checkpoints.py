@@ -111,7 +111,10 @@ def test_mapped_instances_sharing_one_location_is_an_error(tmp_path: Path) -> No
         _op(tmp_path).execute(make_context(sibling, map_index=1))
     assert sibling.get(STATE_KEY) is None
     # the next run: complete work from run "run" (named), the fix per map index
-    with pytest.raises(ConfigError, match=r"saved .* by run run\).*\{\{ ti.map_index \}\}"):
+    with pytest.raises(
+        ConfigError,
+        match=r"saved .* by task dag\.train \[map index 0\] of run run\).*\{\{ ti.map_index",
+    ):
         _op(tmp_path).execute(
             make_context(FileTaskStateStore(tmp_path / "n.json"), run_id="next", map_index=1)
         )
@@ -148,3 +151,39 @@ def test_a_corrupt_complete_checkpoint_does_not_block_the_valid_one_before_it(
     assert "already holds step 15 of 20" in "".join(capfd.readouterr())
     assert summary["final_checkpoint"]["step"] == STEPS and len(summary["attempts"]) == 1
     assert ckpts.latest_valid().step == STEPS
+
+
+@pytest.mark.parametrize(
+    ("who", "state", "refused"),
+    [
+        ({"run_id": "day1"}, "deferred", True),  # an overlapping run of the same task
+        ({"task_id": "train_copy"}, "running", True),  # another task with the same URI
+        ({"run_id": "day1"}, "up_for_retry", True),  # it will train again
+        ({"run_id": "day1"}, "failed", False),  # ended: its partial work is resumed
+        ({"run_id": "day1"}, None, False),  # Airflow cannot say (a deleted run)
+    ],
+)
+def test_a_location_in_use_by_a_live_job_of_another_task_instance_is_refused(
+    tmp_path: Path, who: dict, state: str | None, refused: bool, capfd
+) -> None:
+    """Before, only map indexes of one run were told apart: an overlapping run, or a copy of
+    the task with the same URI, trained into the same location with a warning."""
+    ckpts = Checkpoints(LocalStore(tmp_path / "ckpt"))
+    theirs = {"dag_id": "dag", "task_id": "train", "run_id": "run", "map_index": -1, **who}
+    ckpts.claim(theirs)
+    key = f"{theirs['task_id']}" + ("" if theirs["map_index"] < 0 else f"_{theirs['map_index']}")
+    states = {theirs["run_id"]: {key: state}} if state else {}
+    store = FileTaskStateStore(tmp_path / "run2.json")
+    ctx = make_context(store, run_id="day2", states=states)
+    if refused:
+        with pytest.raises(
+            ConfigError,
+            match=rf"checkpoint_uri: .* is in use by task dag\.{theirs['task_id']} of run {theirs['run_id']}, which is {state}",
+        ):
+            _op(tmp_path).execute(ctx)
+        assert store.get(STATE_KEY) is None
+        assert ckpts.owner() == theirs  # nothing changed
+    else:
+        summary = _op(tmp_path).execute(ctx)
+        assert summary["final_checkpoint"]["step"] == STEPS
+        assert ckpts.owner()["run_id"] == "day2"
