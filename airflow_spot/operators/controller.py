@@ -358,6 +358,16 @@ class Controller:
             rec.outcome = Outcome.APP_FAILURE.value
             rec.reason = f"exited 0 but the newest valid checkpoint is at step {m.step if m else 0} of {total}"
             self.state.failures += 1
+            if m is None and self.checkpoints.latest_manifest() is None:
+                # nothing at all was checkpointed: every retry would run the whole command again
+                raise ConfigError(
+                    "command",
+                    f"the training command exited 0 but never wrote a checkpoint to "
+                    f"{self.op.checkpoint_uri}, so the job could neither resume after a "
+                    "preemption nor count as done; save checkpoints with "
+                    "airflow_spot.checkpoint.TrainingSession (it reads the location from "
+                    "$AIRFLOW_SPOT_CHECKPOINT_URI) and tell it the total steps",
+                )
             log.error(
                 "Attempt %d %s; counting it as an application failure.", rec.attempt, rec.reason
             )

@@ -368,3 +368,25 @@ def test_short_waits_stay_in_the_worker_longer_ones_defer_with_a_hold(tmp_path: 
     assert 0.9 <= hold <= 1.0 + (time.time() - t0)
     with pytest.raises(ConfigError, match="min_deferral"):
         op(min_deferral=-timedelta(seconds=1))
+
+
+def test_a_command_that_never_checkpoints_fails_at_once_naming_the_helper(tmp_path: Path) -> None:
+    """A training command that exits 0 without writing any checkpoint would run in full
+    max_failures + 1 times (3 x 48 h of GPU for a real job); it fails after the first, naming
+    TrainingSession and the environment variable."""
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(
+        tmp_path,
+        timedelta(seconds=60),
+        command=[sys.executable, "-c", "import time; time.sleep(0.2)"],
+        deferrable=False,
+        decision_interval=timedelta(seconds=0.5),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"command: .* never wrote a checkpoint .*TrainingSession .*AIRFLOW_SPOT_CHECKPOINT_URI",
+    ):
+        op.execute(make_context(store))
+    st = store.get(STATE_KEY)
+    assert len(st["attempts"]) == 1 and st["failures"] == 1
+    assert st["failed"]["error"] == "ConfigError"
