@@ -6,6 +6,7 @@ configured prefix: absolute keys, ``..`` and empty parts are refused.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -104,6 +105,35 @@ class LocalStore:
             parent = parent.parent
 
 
+def _named(method):
+    """Turn the S3 errors a user fixes (no credentials, no such bucket) into a ConfigError
+    naming ``checkpoint_uri`` and the fix, instead of botocore's traceback on every retry."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            kind = type(e).__name__
+            code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code")
+            if kind in ("NoCredentialsError", "PartialCredentialsError"):
+                raise ConfigError(
+                    "checkpoint_uri",
+                    f"no AWS credentials to reach {self.uri} ({e}): give the operator "
+                    "aws_conn_id (an Airflow AWS connection), or give this process credentials "
+                    "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance or pod role)",
+                ) from e
+            if code == "NoSuchBucket":
+                raise ConfigError(
+                    "checkpoint_uri",
+                    f"{self.uri}: bucket {self.bucket!r} does not exist (or is not on this "
+                    "endpoint); create it or fix the URI",
+                ) from e
+            raise
+
+    return call
+
+
 class S3Store:
     """``s3://bucket/prefix`` through boto3; endpoint and credentials from the environment
     (``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ...) or a given client."""
@@ -119,7 +149,8 @@ class S3Store:
         if self._client is None:
             import boto3
 
-            self._client = boto3.client(
+            # a session of its own: boto3's default one keeps the credentials it first found
+            self._client = boto3.session.Session().client(
                 "s3",
                 endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
                 or os.environ.get("AWS_ENDPOINT_URL"),
@@ -130,9 +161,11 @@ class S3Store:
         safe_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    @_named
     def put(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
+    @_named
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if it does not exist (S3 conditional write); False if it did."""
         from botocore.exceptions import ClientError
@@ -160,12 +193,14 @@ class S3Store:
             return False  # the other writer won
         raise CheckpointError(f"{self.uri}/{key}: conditional write kept conflicting; try again")
 
+    @_named
     def get(self, key: str) -> bytes:
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except self.client.exceptions.NoSuchKey as e:
             raise CheckpointError(f"{self.uri}/{key} does not exist") from e
 
+    @_named
     def list(self, prefix: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         out = []
@@ -175,6 +210,7 @@ class S3Store:
             out += [o["Key"][len(base) :] for o in page.get("Contents", [])]
         return sorted(out)
 
+    @_named
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 

@@ -89,6 +89,10 @@ class SpotTrainingOperator(BaseOperator):
         3)`` after deferring. Airflow (3.3, apache/airflow#71580 and #72716) may fail a task
         whose trigger fires within seconds of deferring: the worker's exit is reported late,
         as a success of the same try. ``timedelta(0)`` turns both off.
+    :param aws_conn_id: the Airflow AWS connection the operator reads an ``s3://``
+        ``checkpoint_uri`` with (``None``: boto3's own environment of the worker). The training
+        process writes with its own credentials: the worker's environment for the local
+        backend, the pod's (a service-account role, ``env_from_secrets``) on Kubernetes.
     """
 
     template_fields: Sequence[str] = ("command", "checkpoint_uri", "deadline")
@@ -115,6 +119,7 @@ class SpotTrainingOperator(BaseOperator):
         poll_interval: float = 5.0,
         deferrable: bool = True,
         min_deferral: timedelta = timedelta(seconds=30),
+        aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if "retry_policy" not in kwargs:
@@ -139,6 +144,7 @@ class SpotTrainingOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.deferrable = deferrable
         self.min_deferral = min_deferral
+        self.aws_conn_id = aws_conn_id
         self._validate_static()
 
     # -- validation -------------------------------------------------------------------------
@@ -231,7 +237,6 @@ class SpotTrainingOperator(BaseOperator):
         index of this task in this run training into the same location is an error (each
         would resume from the other's checkpoints)."""
         from airflow_spot.checkpoint.manifest import Checkpoints
-        from airflow_spot.checkpoint.stores import open_store
 
         ti = context["ti"]
         me = {k: getattr(ti, k, None) for k in ("dag_id", "task_id", "run_id", "map_index")}
@@ -241,7 +246,7 @@ class SpotTrainingOperator(BaseOperator):
             if mapped
             else "template it per run (e.g. '.../{{ ds }}' or '.../{{ run_id }}')"
         )
-        ckpts = Checkpoints(open_store(str(self.checkpoint_uri)))
+        ckpts = Checkpoints(self.checkpoint_store())
         # one record per task and run, claimed in one conditional write: of two map indexes
         # starting together exactly one gets it, whatever earlier runs left here
         run = hashlib.sha1(f"{me['dag_id']}/{me['task_id']}/{me['run_id']}".encode())
@@ -296,6 +301,18 @@ class SpotTrainingOperator(BaseOperator):
             )
         if other:
             ckpts.set_owner(me)
+
+    def checkpoint_store(self) -> Any:
+        """The store of the rendered ``checkpoint_uri``, through ``aws_conn_id`` for S3."""
+        from airflow_spot.checkpoint.stores import open_store
+
+        uri = str(self.checkpoint_uri)
+        client = None
+        if uri.startswith("s3://") and self.aws_conn_id:
+            from airflow_spot.hooks.aws import SpotMarketHook
+
+            client = SpotMarketHook(aws_conn_id=self.aws_conn_id).s3_client()
+        return open_store(uri, s3_client=client)
 
     def _retire(self, store: Any, old: JobState) -> None:
         """Before a new job replaces one that failed for good: stop any attempt it left
@@ -523,6 +540,7 @@ ARGUMENTS = (
     "decision_interval",
     "poll_interval",
     "min_deferral",
+    "aws_conn_id",
 )
 REQUIRED = {
     "command": "give the training command, e.g. ['python', 'train.py'] or 'python train.py'",
@@ -621,6 +639,11 @@ def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
                 "min_deferral",
                 f"must be a timedelta >= 0 (shorter waits stay in the worker), got {md!r}",
             )
+    conn = v.get("aws_conn_id")
+    if conn is not None and (not isinstance(conn, str) or not conn.strip()):
+        raise ConfigError(
+            "aws_conn_id", f"must be an Airflow connection id (a string) or None, got {conn!r}"
+        )
     if "backend" in v:
         _check_backend(v["backend"])
         raw_uri = values.get("checkpoint_uri")

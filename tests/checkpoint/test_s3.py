@@ -87,3 +87,71 @@ def test_s3_claim_is_one_conditional_write(s3_server) -> None:
     c.set_owner({"run_id": "b", "map_index": -1})
     assert c.claim({"run_id": "c", "map_index": -1}) == {"run_id": "b", "map_index": -1}
     assert c.manifests() == []  # the record is not a checkpoint
+
+
+def test_the_operator_reads_s3_checkpoints_through_its_aws_connection(
+    s3_server, tmp_path: Path, monkeypatch
+) -> None:
+    """A worker without AWS credentials of its own reads an s3:// checkpoint_uri through
+    ``aws_conn_id`` (the training process writes with its own); without the connection the
+    task fails with a ConfigError naming the field and the fix (was botocore's
+    NoCredentialsError, retried by Airflow)."""
+    import json
+    from datetime import timedelta
+
+    from airflow_spot.backends.local import LocalBackend
+    from airflow_spot.exceptions import ConfigError
+    from airflow_spot.operators import SpotTrainingOperator
+    from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPOT_S3",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "testing",
+                "password": "testing",
+                "extra": {
+                    "region_name": "us-east-1",
+                    "endpoint_url": s3_server["AWS_ENDPOINT_URL"],
+                },
+            }
+        ),
+    )
+    for k in s3_server:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
+
+    def op(uri: str, **kw) -> SpotTrainingOperator:
+        return SpotTrainingOperator(
+            task_id="train",
+            command=train_command(20, save_every=5),
+            checkpoint_uri=uri,
+            expected_compute=timedelta(seconds=1),
+            total_steps=20,
+            deadline=timedelta(seconds=60),
+            changeover=timedelta(seconds=0.1),
+            policy="greedy",
+            backend=LocalBackend(
+                trace=str(trace),
+                polarity="available",
+                time_scale=1.0,
+                work_dir=str(tmp_path / "runs"),
+                extra_env=dict(s3_server),  # the training process's own credentials
+            ),
+            decision_interval=timedelta(seconds=0.5),
+            poll_interval=0.05,
+            deferrable=False,
+            **kw,
+        )
+
+    store = FileTaskStateStore(tmp_path / "a.json")
+    summary = op("s3://spot-ckpt/conn-run", aws_conn_id="spot_s3").execute(make_context(store))
+    assert summary["final_checkpoint"]["step"] == 20
+    with pytest.raises(ConfigError, match=r"checkpoint_uri: no AWS credentials .*aws_conn_id"):
+        op("s3://spot-ckpt/no-conn").execute(make_context(FileTaskStateStore(tmp_path / "b")))
+    with pytest.raises(ConfigError, match="aws_conn_id: must be an Airflow connection id"):
+        op("s3://spot-ckpt/x", aws_conn_id=3)
