@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from airflow_spot.exceptions import ConfigError
+
 
 class State(str, Enum):
     """Where an attempt is in its life."""
@@ -73,3 +75,25 @@ def stop(backend: Any, handle: dict[str, Any]) -> AttemptStatus:
     status = backend.cancel(handle)
     backend.cleanup(handle, status.outcome.value if status.outcome else "")
     return status
+
+
+PRICE_FROM_KEYS = ("aws_conn_id", "instance_type", "zone", "region_name")
+
+
+def check_price_from(field: str, source: Any) -> None:
+    """A pool's live-price source: ``{"aws_conn_id", "instance_type", "zone"[, "region_name"]}``."""
+    if source is None:
+        return
+    ok = (
+        isinstance(source, dict)
+        and not set(source) - set(PRICE_FROM_KEYS)
+        and all(isinstance(v, str) and v.strip() for v in source.values())
+        and "instance_type" in source
+        and "zone" in source
+    )
+    if not ok:
+        raise ConfigError(
+            field,
+            'give {"aws_conn_id": "aws_default", "instance_type": "p3.2xlarge", "zone": '
+            f'"us-east-1a"}} (region_name optional), got {source!r}',
+        )

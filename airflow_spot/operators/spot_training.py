@@ -705,6 +705,11 @@ def _check_backend(backend: Any) -> None:
                 f"unknown backend {backend!r}; use 'local', LocalBackend(...) or KubernetesBackend(image=...)",
             )
         return
+    if isinstance(backend, type):
+        raise ConfigError(
+            "backend",
+            f"{backend.__name__} is a class: give an instance, e.g. {backend.__name__}(...)",
+        )
     missing = [m for m in BACKEND_METHODS if not callable(getattr(backend, m, None))]
     if missing or not finite_number(getattr(backend, "time_scale", None)):
         raise ConfigError(

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from airflow_spot.backends.local import LocalBackend
 from airflow_spot.exceptions import ConfigError, UnknownPolicy
 from airflow_spot.operators import SpotTrainingOperator
 
@@ -48,6 +49,8 @@ OK = dict(
         ({"command": {"python": 1}}, "command", "must be a list of strings or a string"),
         ({"checkpoint_uri": 5}, "checkpoint_uri", "must be a string"),
         ({"backend": {"name": "kubernetes"}}, "backend", "dict is not a backend"),
+        ({"backend": LocalBackend}, "backend", "LocalBackend is a class: give an instance"),
+        ({"aws_conn_id": 3}, "aws_conn_id", "must be an Airflow connection id"),
         ({"spot_price": float("nan")}, "spot_price", ">= 0"),
         ({"on_demand_price": float("inf")}, "on_demand_price", "> 0"),
         ({"on_demand_price": "3.06"}, "on_demand_price", "> 0"),

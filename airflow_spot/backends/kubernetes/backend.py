@@ -13,6 +13,7 @@ any leftover pod of the task that is not the live attempt.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -20,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Outcome, State
+from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_price_from
 from airflow_spot.backends.kubernetes.classify import (
     Classification,
     Verdict,
@@ -30,11 +31,18 @@ from airflow_spot.backends.kubernetes.classify import (
     node_is_spot,
 )
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
-from airflow_spot.backends.kubernetes.template import check_pod_template, load_pod_template
+from airflow_spot.backends.kubernetes.template import (
+    check_pod_template,
+    check_resources,
+    load_pod_template,
+)
 from airflow_spot.checkpoint.training import NOTICE_ANNOTATION
-from airflow_spot.exceptions import BackendError, ConfigError
+from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 
 log = logging.getLogger(__name__)
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # DNS-1123 subdomain
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 DELETE_POLICIES = ("always", "on_success", "never")
 RBAC_HINT = (
     " (the worker's service account needs get on nodes and list on events in all namespaces:"
@@ -64,6 +72,26 @@ class KubePool:
     placement: Placement
     spot_price: float | None = None
     price_from: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _LABEL.fullmatch(self.name):
+            raise ConfigError(
+                "backend.pools",
+                f"pool name {self.name!r} must be a short lowercase name (letters, digits, '-')",
+            )
+        if not isinstance(self.placement, Placement):
+            raise ConfigError(
+                "backend.pools",
+                f"pool {self.name!r}: placement must be a Placement(node_selector=..., "
+                f"tolerations=...), got {type(self.placement).__name__}",
+            )
+        price = self.spot_price
+        if price is not None and not (finite_number(price) and price >= 0):
+            raise ConfigError(
+                "backend.pools",
+                f"pool {self.name!r}: spot_price must be a price per hour >= 0, got {price!r}",
+            )
+        check_price_from(f"backend.pools[{self.name}].price_from", self.price_from)
 
 
 @dataclass(frozen=True)
@@ -142,10 +170,81 @@ class KubernetesBackend:
                 'give {"limits": {...}, "requests": {...}}, e.g. {"limits": {"memory": "64Gi"}}, '
                 f"got {self.resources!r}",
             )
+        self._check_fields()
         if isinstance(self.pod_template, Path):  # kept as text: the backend is stored as JSON
             object.__setattr__(self, "pod_template", str(self.pod_template))
         if len({p.name for p in self.pools}) != len(self.pools):
             raise ConfigError("backend.pools", "pool names must be unique")
+
+    def _check_fields(self) -> None:
+        """The remaining fields' types and shapes, each named (a wrong one would otherwise
+        fail at launch, or never)."""
+        if not isinstance(self.namespace, str) or not _LABEL.fullmatch(self.namespace):
+            raise ConfigError(
+                "backend.namespace",
+                f"must be a Kubernetes namespace name (lowercase letters, digits and '-', at "
+                f"most 63), got {self.namespace!r}",
+            )
+        if isinstance(self.preset, dict):
+            for cap in ("spot", "on_demand"):
+                if not isinstance(self.preset.get(cap), Placement):
+                    raise ConfigError(
+                        "backend.preset",
+                        f"a custom preset maps 'spot' and 'on_demand' to Placement(...) objects, "
+                        f"got {type(self.preset.get(cap)).__name__} for {cap!r}",
+                    )
+        for name in ("pending_timeout_s", "spot_cooldown_s"):
+            v = getattr(self, name)
+            if not (finite_number(v) and v > 0):
+                raise ConfigError(f"backend.{name}", f"must be a number of seconds > 0, got {v!r}")
+        g = self.grace_period_s
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ConfigError("backend.grace_period_s", f"must be whole seconds >= 0, got {g!r}")
+        if not isinstance(self.env, dict) or not all(
+            isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str)
+            for k, v in self.env.items()
+        ):
+            raise ConfigError(
+                "backend.env",
+                f'give {{"NAME": "value"}} with string values, got {self.env!r}',
+            )
+        secrets = self.env_from_secrets
+        if isinstance(secrets, list):
+            object.__setattr__(self, "env_from_secrets", secrets := tuple(secrets))
+        if not isinstance(secrets, tuple) or not all(
+            isinstance(x, str) and _SUBDOMAIN.fullmatch(x) for x in secrets
+        ):
+            raise ConfigError(
+                "backend.env_from_secrets",
+                f"give a tuple of Secret names, e.g. ('hf-token',), got {secrets!r}",
+            )
+        sa = self.service_account
+        if sa is not None and not (isinstance(sa, str) and _SUBDOMAIN.fullmatch(sa)):
+            raise ConfigError(
+                "backend.service_account", f"must be a service account name or None, got {sa!r}"
+            )
+        for name in ("kubernetes_conn_id", "config_file"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise ConfigError(
+                    f"backend.{name}", f"must be a non-empty string or None, got {v!r}"
+                )
+        for name in ("in_cluster", "mount_service_account_token"):
+            v = getattr(self, name)
+            if not (isinstance(v, bool) or (v is None and name == "in_cluster")):
+                raise ConfigError(f"backend.{name}", f"must be True or False, got {v!r}")
+        if isinstance(self.pools, list):
+            object.__setattr__(self, "pools", tuple(self.pools))
+        if not isinstance(self.pools, tuple) or not all(
+            isinstance(p, KubePool) for p in self.pools
+        ):
+            raise ConfigError(
+                "backend.pools", f"give a tuple of KubePool(...) objects, got {self.pools!r}"
+            )
+        if self.resources:
+            check_resources(
+                self.resources.get("limits") or {}, self.resources.get("requests") or {}
+            )
 
     def _placement(self, capacity: str, pool: str) -> Placement:
         if capacity == "spot" and pool:

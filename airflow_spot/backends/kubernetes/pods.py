@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.client import models as k8s
 
 from airflow_spot.backends.kubernetes.placement import Placement
+from airflow_spot.backends.kubernetes.template import check_resources
 from airflow_spot.checkpoint.training import ENV, NOTICE_ANNOTATION
 
 LABEL_PREFIX = "airflow-spot"
@@ -107,7 +108,7 @@ def build_pod(
         **{k: v for k, v in ((t_res.requests if t_res else None) or {}).items() if k not in ours},
         **ours_requests,
     }
-    _check_resources(limits, requests)
+    check_resources(limits, requests)
     if t_main is not None:
         t_main.resources = None  # merged above: the reconcile must not bring it back
     wants_root = _states_root(t_spec)
@@ -240,33 +241,6 @@ def _states_root(spec: k8s.V1PodSpec | None) -> bool:
     if uid is None and pod_sc is not None:
         uid = pod_sc.run_as_user
     return uid == 0
-
-
-def _check_resources(limits: dict[str, str], requests: dict[str, str]) -> None:
-    """Requests the API server would refuse, named before the pod is sent."""
-    from kubernetes.utils.quantity import parse_quantity
-
-    from airflow_spot.exceptions import ConfigError
-
-    for key, req in requests.items():
-        if key not in limits:
-            continue
-        try:
-            r, lim = parse_quantity(req), parse_quantity(limits[key])
-        except ValueError as e:
-            raise ConfigError("backend.resources", f"{key}: {e}") from e
-        if "/" in key and "kubernetes.io/" not in key and r != lim:  # extended: no overcommit
-            raise ConfigError(
-                "backend.resources",
-                f"{key} request {req} must equal its limit {limits[key]} (an extended resource "
-                "cannot be overcommitted); set only the limit, or `gpus`",
-            )
-        if r > lim:
-            raise ConfigError(
-                "backend.resources",
-                f"{key} request {req} is above its limit {limits[key]} (the limit may come "
-                "from the pod_template); raise the limit or lower the request",
-            )
 
 
 def _stated_first(stated: Any, defaults: Any) -> Any:

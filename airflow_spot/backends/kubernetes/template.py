@@ -9,6 +9,8 @@ field named.
 from __future__ import annotations
 
 import json
+import re
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +80,54 @@ def load_pod_template(tmpl: Any):
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
     return PodGenerator.deserialize_model_dict(tmpl)
+
+
+_SUFFIX = {
+    **{k: Decimal(1024) ** (i + 1) for i, k in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{k: Decimal(1000) ** (i + 1) for i, k in enumerate(("k", "M", "G", "T", "P", "E"))},
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+}
+
+
+def parse_quantity(q: Any) -> Decimal:
+    """A Kubernetes quantity (``"64Gi"``, ``"500m"``, ``2``, ``"1e3"``) as a number; ValueError
+    when it is not one (the API server's grammar, without importing the client)."""
+    if isinstance(q, bool):
+        raise ValueError(f"{q!r} is not a quantity")
+    if isinstance(q, (int, float)):
+        return Decimal(str(q))
+    m = re.fullmatch(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)", str(q))
+    if m is None:
+        raise ValueError(f"{q!r} is not a quantity (e.g. '64Gi', '500m', '2')")
+    try:
+        return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+    except InvalidOperation as e:
+        raise ValueError(f"{q!r} is not a quantity") from e
+
+
+def check_resources(limits: dict[str, Any], requests: dict[str, Any]) -> None:
+    """Quantities and requests the API server would refuse, named before any pod is sent."""
+    for key, value in (*limits.items(), *requests.items()):
+        try:
+            parse_quantity(value)
+        except ValueError as e:
+            raise ConfigError("backend.resources", f"{key}: {e}") from e
+    for key, req in requests.items():
+        if key not in limits:
+            continue
+        r, lim = parse_quantity(req), parse_quantity(limits[key])
+        if "/" in key and "kubernetes.io/" not in key and r != lim:  # extended: no overcommit
+            raise ConfigError(
+                "backend.resources",
+                f"{key} request {req} must equal its limit {limits[key]} (an extended resource "
+                "cannot be overcommitted); set only the limit, or `gpus`",
+            )
+        if r > lim:
+            raise ConfigError(
+                "backend.resources",
+                f"{key} request {req} is above its limit {limits[key]} (the limit may come "
+                "from the pod_template); raise the limit or lower the request",
+            )

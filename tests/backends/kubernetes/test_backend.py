@@ -3,6 +3,7 @@ a worker restart, never adopting a dead pod, at most one attempt pod, cleanup.""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -584,13 +585,19 @@ def test_resources_and_placements_the_api_would_refuse_name_the_field(kube) -> N
     """A request above its limit, a GPU request unlike its limit, a mistyped toleration and
     odd resources are refused with the field named, not as a 422 on every launch."""
     _, cfg = kube
-    for resources, match in (
-        ({"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}, "above its limit"),
-        ({"requests": {"nvidia.com/gpu": "1"}}, "must equal its limit"),
-    ):
-        b = KubernetesBackend(image="img", config_file=cfg, gpus=2, resources=resources)
-        with pytest.raises(ConfigError, match=f"backend.resources: .*{match}"):
-            b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
+    # the backend's own resources are checked when it is built (the DAG is parsed)
+    with pytest.raises(ConfigError, match="backend.resources: .*above its limit"):
+        KubernetesBackend(
+            image="img", resources={"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}
+        )
+    with pytest.raises(ConfigError, match="backend.resources: memory: '64Gb' is not a quantity"):
+        KubernetesBackend(image="img", resources={"limits": {"memory": "64Gb"}})
+    # merged with `gpus` (or a template's limits) at launch
+    b = KubernetesBackend(
+        image="img", config_file=cfg, gpus=2, resources={"requests": {"nvidia.com/gpu": "1"}}
+    )
+    with pytest.raises(ConfigError, match="backend.resources: .*must equal its limit"):
+        b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
     with pytest.raises(
         ConfigError, match=r"placement.tolerations: unknown field\(s\) \['opertor'\]"
     ):
@@ -601,3 +608,44 @@ def test_resources_and_placements_the_api_would_refuse_name_the_field(kube) -> N
         KubernetesBackend(image="img", resources={"memory": "64Gi"})
     with pytest.raises(ConfigError, match="backend.gpus"):
         KubernetesBackend(image="img", gpus=1.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"namespace": "Bad_NS"}, "backend.namespace"),
+        ({"namespace": ""}, "backend.namespace"),
+        ({"preset": {"spot": {"node_selector": {}}, "on_demand": {}}}, "backend.preset"),
+        ({"pending_timeout_s": "10m"}, "backend.pending_timeout_s"),
+        ({"spot_cooldown_s": float("nan")}, "backend.spot_cooldown_s"),
+        ({"grace_period_s": -1}, "backend.grace_period_s"),
+        ({"env": {"A": 1}}, "backend.env"),
+        ({"env_from_secrets": "mysecret"}, "backend.env_from_secrets"),
+        ({"service_account": "Bad SA"}, "backend.service_account"),
+        ({"in_cluster": "yes"}, "backend.in_cluster"),
+        ({"pools": [{"name": "a"}]}, "backend.pools"),
+        ({"pools": ("zone-a",)}, "backend.pools"),
+    ],
+)
+def test_every_backend_field_is_checked_when_the_dag_is_parsed(kwargs: dict, field: str) -> None:
+    """Each was accepted before and failed at launch, at to_dict(), or never."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(field)}: "):
+        KubernetesBackend(image="img", **kwargs)
+
+
+def test_pool_prices_and_price_sources_are_checked() -> None:
+    from airflow_spot.backends.kubernetes.backend import KubePool
+
+    with pytest.raises(
+        ConfigError, match=r"backend.pools: pool 'a': placement must be a Placement"
+    ):
+        KubePool("a", {"node_selector": {}})
+    with pytest.raises(ConfigError, match=r"backend.pools: pool 'a': spot_price"):
+        KubePool("a", Placement(), spot_price=-1)
+    with pytest.raises(ConfigError, match=r"backend.pools\[a\].price_from: give"):
+        KubePool("a", Placement(), price_from={"aws_conn_id": "aws", "instance": "p3.2xlarge"})
+    ok = KubePool(
+        "a", Placement(), price_from={"instance_type": "p3.2xlarge", "zone": "us-east-1a"}
+    )
+    b = KubernetesBackend(image="img", pools=[ok], env_from_secrets=["hf-token"])
+    assert b.pools == (ok,) and b.env_from_secrets == ("hf-token",)  # lists become tuples
