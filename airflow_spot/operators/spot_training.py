@@ -71,8 +71,10 @@ class SpotTrainingOperator(BaseOperator):
     :param policy: a policy name (``deadline_aware``, ``uniform_progress``, ``greedy``,
         ``last_attempt_on_demand``, ``on_demand``, ``slack_reserve``), or
         ``deadline_aware@<prior>`` with a shipped prior (``aws-p3``, ``gcp-h100``, ``us-west-2a``).
-    :param spot_price: spot price per hour (for the ledger and the policy).
-    :param on_demand_price: on-demand price per hour.
+    :param spot_price: spot price per hour (for the ledger and the policy); default the
+        reference p3.2xlarge price of the benchmarks, $0.9731.
+    :param on_demand_price: on-demand price per hour; default $3.06 (p3.2xlarge). On
+        Kubernetes a job billed at these defaults says so in its log: give your nodes' prices.
     :param max_preemptions: preemptions tolerated (``None`` = unlimited); past it, see
         ``on_preemption_budget``.
     :param on_preemption_budget: ``"on_demand"`` (finish on on-demand) or ``"fail"``.
@@ -109,8 +111,8 @@ class SpotTrainingOperator(BaseOperator):
         deadline: datetime | timedelta | str | None = None,
         changeover: timedelta = timedelta(minutes=5),
         policy: str = "deadline_aware",
-        spot_price: float = 0.9731,
-        on_demand_price: float = 3.06,
+        spot_price: float | None = None,
+        on_demand_price: float | None = None,
         max_preemptions: int | None = None,
         on_preemption_budget: str = "on_demand",
         max_failures: int = 2,
@@ -134,8 +136,16 @@ class SpotTrainingOperator(BaseOperator):
         self.deadline = deadline
         self.changeover = changeover
         self.policy = policy
-        self.spot_price = spot_price
-        self.on_demand_price = on_demand_price
+        # the reference prices when not given (kept apart: a Kubernetes job warns of them)
+        self.prices_given = tuple(
+            name
+            for name, v in (("spot_price", spot_price), ("on_demand_price", on_demand_price))
+            if v is not None
+        )
+        self.spot_price = REFERENCE_SPOT_PRICE if spot_price is None else spot_price
+        self.on_demand_price = (
+            REFERENCE_ON_DEMAND_PRICE if on_demand_price is None else on_demand_price
+        )
         self.max_preemptions = max_preemptions
         self.on_preemption_budget = on_preemption_budget
         self.max_failures = max_failures
@@ -424,6 +434,21 @@ class SpotTrainingOperator(BaseOperator):
         deadline_at = self._resolve_deadline(now)
         backend = self._backend()
         market = backend.market_spec(now)  # None where the real market is not replayed
+        if market is None:  # real capacity: reference prices would make up the costs
+            pools = getattr(backend, "pools", ())
+            priced = bool(pools) and all(p.spot_price is not None or p.price_from for p in pools)
+            missing = [
+                f"{name} (${getattr(self, name)}/h)"
+                for name in ("spot_price", "on_demand_price")
+                if name not in self.prices_given and not (name == "spot_price" and priced)
+            ]
+            if missing:
+                self.log.warning(
+                    "%s not given: costs, savings and the policy's price ratio use the "
+                    "reference p3.2xlarge prices, not your nodes'. Give the prices of your "
+                    "instance type (or pools with spot_price / price_from).",
+                    " and ".join(missing),
+                )
         if self.execution_timeout is not None and self.execution_timeout.total_seconds() < (
             deadline_at - now
         ):
@@ -549,6 +574,7 @@ REQUIRED = {
 }
 BACKEND_METHODS = ("launch", "status", "cancel", "market_spec", "to_dict")
 MIN_DECISION_INTERVAL = timedelta(seconds=0.1)
+REFERENCE_SPOT_PRICE, REFERENCE_ON_DEMAND_PRICE = 0.9731, 3.06  # p3.2xlarge, the paper's
 MIN_POLL_INTERVAL = 0.01
 MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
 

@@ -258,3 +258,36 @@ def test_rendered_values_are_checked_when_the_task_starts(tmp_path) -> None:
             }
         )
     assert store.get("airflow_spot_job") is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "warned"),
+    [
+        ({}, "spot_price ($0.9731/h) and on_demand_price ($3.06/h) not given"),
+        ({"on_demand_price": 32.77}, "spot_price ($0.9731/h) not given"),
+        ({"spot_price": 9.8, "on_demand_price": 32.77}, None),
+    ],
+)
+def test_a_kubernetes_job_on_the_reference_prices_says_so(changes, warned, capfd) -> None:
+    """On real capacity, prices not given are the benchmark's p3.2xlarge ones: costs and
+    savings in the UI would be made up, so the task log says which and how to fix it. The
+    simulated local market is not warned about."""
+    from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+
+    op = SpotTrainingOperator(
+        **{**OK, "checkpoint_uri": "s3://bucket/run", "backend": KubernetesBackend(image="i")},
+        **changes,
+    )
+    assert (op.spot_price, op.on_demand_price) == (
+        changes.get("spot_price", 0.9731),
+        changes.get("on_demand_price", 3.06),
+    )
+    capfd.readouterr()
+    op._new_state(0.0)
+    text = "".join(capfd.readouterr())
+    if warned:
+        assert warned in text and "Give the prices of your instance type" in text
+    else:
+        assert "not given" not in text
+    SpotTrainingOperator(**OK)._new_state(0.0)
+    assert "not given" not in "".join(capfd.readouterr())
