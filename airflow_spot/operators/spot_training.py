@@ -817,7 +817,10 @@ def _checked_partial(cls: type[SpotTrainingOperator], **kwargs: Any) -> Any:
     uri = kwargs.get("checkpoint_uri")
     if isinstance(uri, os.PathLike):
         kwargs["checkpoint_uri"] = os.fspath(uri)
-    check_arguments({k: v for k, v in kwargs.items() if k in ARGUMENTS}, partial=True)
+    given = {k: v for k, v in kwargs.items() if k in ARGUMENTS}
+    # a deadline shorter than the work alone is wrong whatever changeover expand() may bring
+    given.setdefault("changeover", timedelta(0))
+    check_arguments(given, partial=True)
     return partial(cls, **kwargs)
 
 
@@ -888,6 +891,11 @@ def _parse_deadline(text: str) -> datetime | timedelta:
                 f"{text.strip()!r} has no timezone; add one, e.g. '{dt.isoformat()}+00:00'",
             )
         return dt
+    if re.fullmatch(r"\s*[0-9.]+\s*", text):  # the CLI reads a bare number as hours; a DAG
+        raise ConfigError(  # author may mean seconds: make them say
+            "deadline",
+            f"{text.strip()!r} has no unit; write e.g. '{text.strip()}h' or '{text.strip()}s'",
+        )
     try:
         return timedelta(hours=parse_hours(text, "deadline"))
     except ConfigError:

@@ -64,6 +64,7 @@ OK = dict(
         ({"deadline": "3h"}, "deadline", "shorter than the work"),
         ({"deadline": "soon"}, "deadline", "neither an ISO datetime nor a duration"),
         ({"deadline": "2030-01-01T00:00:00"}, "deadline", "has no timezone"),
+        ({"deadline": "3600"}, "deadline", "has no unit; write e.g. '3600h' or '3600s'"),
         ({"deadline": 6}, "deadline", "got int"),
         (
             {"decision_interval": timedelta(minutes=40)},
@@ -166,6 +167,10 @@ def test_partial_arguments_are_checked_at_parse_time() -> None:
                 deadline="3h",
             )
         assert e.value.field == "deadline"
+        with pytest.raises(ConfigError, match="deadline: 3.00 h from the start is shorter"):
+            SpotTrainingOperator.partial(  # no changeover given: the work alone does not fit
+                task_id="bad3", expected_compute=timedelta(hours=4), deadline="3h"
+            )
         # the changeover may still come from expand(): the span is checked when it runs
         SpotTrainingOperator.partial(
             task_id="later", expected_compute=timedelta(hours=4), deadline="4.02h"
