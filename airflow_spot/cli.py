@@ -7,6 +7,7 @@ answers "what would this deadline cost on this pool's history?" before a run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -37,6 +38,30 @@ def _hours_arg(field: str):
     return conv
 
 
+# the library's field names, as the command line spells them
+FLAGS = {
+    "work_s": "--work",
+    "deadline_s": "--deadline",
+    "changeover_s": "--changeover",
+    "spot_price": "--spot-price",
+    "on_demand_price": "--on-demand-price",
+    "tick_s": "--gap",
+    "polarity": "--polarity",
+    "nodes": "--nodes",
+    "policy": "--policy",
+}
+
+
+def _in_flags(e: ConfigError) -> str:
+    """The error as a command-line user reads it: flags, not the library's field names."""
+    field = FLAGS.get(e.field, e.field)
+    text = str(e).partition(": ")[2]
+    text = re.sub(r"polarity='(\w+)'(.*?) or '(\w+)'", r"--polarity \1\2 or \3", text)
+    text = re.sub(r"polarity='(\w+)'", r"--polarity \1", text)
+    text = re.sub(r"(\d+(?:\.\d+)?) h = \d+", r"\1h", text)  # seconds are for the library
+    return f"{field}: {text}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="airflow-spot", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -47,10 +72,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--nodes", type=int, help="cluster size for instance-count traces")
     sim.add_argument("--gap", type=_hours_arg("--gap"), help="resample to this tick (e.g. 600s)")
-    sim.add_argument("--work", type=_hours_arg("--work"), default=48.0)
-    sim.add_argument("--deadline", type=_hours_arg("--deadline"), action="append")
-    sim.add_argument("--changeover", type=_hours_arg("--changeover"), action="append")
-    sim.add_argument("--spot-price", type=float, default=0.9731)
+    sim.add_argument(
+        "--work",
+        type=_hours_arg("--work"),
+        default=48.0,
+        help="compute the job needs (default 48h)",
+    )
+    sim.add_argument(
+        "--deadline",
+        type=_hours_arg("--deadline"),
+        action="append",
+        help="from the job's start; repeat for several (default 60h)",
+    )
+    sim.add_argument(
+        "--changeover",
+        type=_hours_arg("--changeover"),
+        action="append",
+        help="lost on every launch; repeat for several (default 0.2h)",
+    )
+    sim.add_argument(
+        "--spot-price", type=float, default=0.9731, help="per hour (default 0.9731, p3.2xlarge)"
+    )
     sim.add_argument(
         "--on-demand-price",
         type=float,
@@ -88,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "simulate":
             return _simulate(args)
     except ConfigError as e:  # TraceFormatError is a ConfigError; other errors keep a traceback
-        print(f"airflow-spot: error: {e}", file=sys.stderr)
+        print(f"airflow-spot: error: {_in_flags(e)}", file=sys.stderr)
         return 2
     return 1
 
@@ -145,6 +187,11 @@ def _simulate(args: argparse.Namespace) -> int:
                 f"(e.g. {unpriced[0]}); they are billed at --spot-price ${args.spot_price}/h",
                 file=sys.stderr,
             )
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError(
+            "--plot",
+            "needs matplotlib: pip install matplotlib (or drop --plot; --json keeps the rows)",
+        )
     for name in ("json", "plot"):  # before minutes of sweeping, not after
         out = getattr(args, name)
         if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):

@@ -137,6 +137,16 @@ def test_trace_prices_bill_on_demand_at_the_traces_own_price(capsys) -> None:
         (["--json", "/nonexistent-dir/x.json"], "--json: cannot write /nonexistent-dir/x.json"),
         (["--policy", "nope"], "unknown policy 'nope'; choose one of "),
         (["--policy", "nope"], "uniform_progress, omniscient"),
+        (
+            ["--policy", "deadline_aware@mars"],
+            "--policy: 'deadline_aware@mars': unknown availability prior 'mars'; choose one of aws-p3, default, gcp-h100, us-west-2a\n",
+        ),
+        (["--deadline", "40h"], "--deadline: the deadline (40.00 h) is before the work"),
+        (
+            ["--work", "0"],
+            "--work: must be a positive number (the compute time the job needs, e.g. 48h)",
+        ),
+        (["--spot-price", "-1"], "--spot-price: must be >= 0"),
     ],
 )
 def test_bad_sweep_settings_are_errors_naming_the_flag(extra, message, capsys) -> None:
@@ -154,3 +164,25 @@ def test_bad_sweep_settings_are_errors_naming_the_flag(extra, message, capsys) -
     )
     assert rc == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_errors_speak_in_flags_and_plot_needs_matplotlib_before_the_sweep(
+    capsys, monkeypatch
+) -> None:
+    """A JSON trace without --polarity names the flag (was "pass polarity='available'"); --plot
+    without matplotlib (only in the dev extra) stops before the sweep (was a traceback after
+    it, the JSON written)."""
+    trace = str(bundled("cant-be-late/us-west-2a_v100_1/0.json"))
+    assert main(["simulate", trace]) == 2
+    err = capsys.readouterr().err
+    assert "--polarity: " in err and "pass --polarity available (1 = spot up) or unavailable" in err
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(  # as in an install without matplotlib
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    rc = main(["simulate", trace, "--polarity", "unavailable", "--plot", "/tmp/x.png"])
+    assert rc == 2 and "--plot: needs matplotlib" in capsys.readouterr().err
