@@ -126,8 +126,10 @@ class DeadlineAware(Policy):
             if plans.serves(have, key):
                 self._plans.insert(0, self._plans.pop(i))
                 return plan, m
-        # with room for the slack to grow a tenth (the guard shrinks as the work gets done)
-        plan = plans.solve_shape(key, room=1.1)
+        # a slack that outgrew the last plan (the live guard shrinks as the work gets done)
+        # will grow again: give the next plan room; a simulated job's shape never drifts
+        grew = any(have[:4] == key[:4] and have[5:] == key[5:] for _, have, *_ in self._plans)
+        plan = plans.solve_shape(key, room=1.25 if grew else 1.0)
         key = (*key[:4], plan.max_slack, *key[5:])
         self._plans.insert(0, (self.model, key, plan, model))
         del self._plans[KEEP_PLANS:]

@@ -159,7 +159,14 @@ def solve_shape(key: tuple, room: float = 1.0) -> Plan:
         need = key[4]
     if CACHE_DIR is None:
         return _solve(*key)
-    path = Path(CACHE_DIR) / f"plan-{_digest(key)}.bin"
+    return _stored(key, need, CACHE_DIR)
+
+
+@lru_cache(maxsize=8)
+def _stored(key: tuple, need: int, cache_dir: str) -> Plan:
+    """The plan of shape ``key`` read from (or solved and written to) ``cache_dir``; kept in
+    memory too, so that asking again costs no read."""
+    path = Path(cache_dir) / f"plan-{_digest(key)}.bin"
     try:
         plan = load(path)
         if plan.max_slack >= need and plan.max_tau == key[5]:
@@ -171,7 +178,7 @@ def solve_shape(key: tuple, room: float = 1.0) -> Plan:
     plan = _solve(*key)
     with contextlib.suppress(OSError):  # a read-only or full cache costs the next process a solve
         save(plan, path)
-        prune(Path(CACHE_DIR), keep=path)
+        prune(Path(cache_dir), keep=path)
     return plan
 
 
@@ -246,7 +253,7 @@ def prune(cache: Path, keep: Path, max_bytes: int = 256 << 20, max_files: int = 
                 f.unlink()
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def _solve(
     model: HazardModel,
     tick_s: float,

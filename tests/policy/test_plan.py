@@ -239,6 +239,8 @@ def test_plans_cache_on_disk_and_reject_damaged_files(tmp_path, monkeypatch) -> 
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ValueError):
         load(path)
+    assert solve(*args) == first  # this process keeps it in memory
+    plan_mod._stored.cache_clear()  # a later process
     assert solve(*args) == first and load(path) == first
     save(first, tmp_path / "copy.bin")
     assert load(tmp_path / "copy.bin").cheap(10, 0, True, 0, 30) == first.cheap(10, 0, True, 0, 30)
@@ -273,6 +275,7 @@ def test_a_live_job_whose_shape_drifts_solves_few_plans(tmp_path, monkeypatch) -
     assert Capacity.NONE in decisions  # it did plan
     # a new process (nothing in memory) finds the stored plan instead of solving again
     solved.clear()
+    plan_mod._stored.cache_clear()
     DeadlineAware().decide(job, obs)
     assert solved == []
 
