@@ -821,7 +821,39 @@ def _checked_partial(cls: type[SpotTrainingOperator], **kwargs: Any) -> Any:
     # a deadline shorter than the work alone is wrong whatever changeover expand() may bring
     given.setdefault("changeover", timedelta(0))
     check_arguments(given, partial=True)
-    return partial(cls, **kwargs)
+    made = partial(cls, **kwargs)
+    made._expand_called = True  # replaced by the checked one below (no "never mapped" warning)
+    return _checked_expand_class()(
+        operator_class=made.operator_class, kwargs=made.kwargs, params=made.params
+    )
+
+
+@functools.cache
+def _checked_expand_class() -> type:
+    """``OperatorPartial`` whose ``expand()`` checks literal values (each list item) at parse
+    time as well, with what ``partial()`` was given (a mapped instance is only built when it
+    runs). XComArgs and templates are checked when the task starts."""
+    import attrs
+    from airflow.sdk.definitions.mappedoperator import OperatorPartial
+
+    @attrs.define(kw_only=True, repr=False)
+    class CheckedPartial(OperatorPartial):
+        def expand(self, **mapped: Any) -> Any:
+            given = {k: v for k, v in self.kwargs.items() if k in ARGUMENTS}
+            given.setdefault("changeover", timedelta(0))
+            for name, values in mapped.items():
+                if name not in ARGUMENTS or not isinstance(values, (list, tuple)):
+                    continue
+                for i, value in enumerate(values):
+                    try:
+                        check_arguments({**given, name: value}, partial=True)
+                    except ConfigError as e:
+                        self._expand_called = True  # refused, not forgotten
+                        msg = str(e).partition(": ")[2]
+                        raise ConfigError(e.field, f"expand() item {i}: {msg}") from None
+            return super().expand(**mapped)
+
+    return CheckedPartial
 
 
 class _Partial:

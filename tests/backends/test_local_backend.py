@@ -13,6 +13,7 @@ import pytest
 
 from airflow_spot.backends.base import Outcome
 from airflow_spot.backends.local import LocalBackend, ReplayMarket
+from airflow_spot.backends.local.market import Pool
 from airflow_spot.testing import scripted_trace
 
 
@@ -229,6 +230,15 @@ def test_a_command_that_cannot_start_is_an_application_failure(
         ({"notice_s": -1}, "backend.notice_s"),
         ({"pool_cooldown_h": float("inf")}, "backend.pool_cooldown_h"),
         ({"offset": -3}, "backend.offset"),
+        ({"polarity": "availabel"}, "backend.polarity"),
+        ({"trace": ""}, "backend.trace"),
+        ({"pools": [{"name": "a"}]}, "backend.pools"),
+        ({"pools": (Pool("a", "x.json", polarity="up"),)}, "backend.pools[a].polarity"),
+        ({"pools": (Pool("a", "x.json", spot_price=-2.0),)}, "backend.pools"),
+        (
+            {"pools": (Pool("a", "x.json", price_from={"zone": "z"}),)},
+            "backend.pools[a].price_from",
+        ),
     ],
 )
 def test_bad_backend_settings_name_the_field(kwargs: dict, field: str) -> None:

@@ -171,6 +171,21 @@ def test_partial_arguments_are_checked_at_parse_time() -> None:
             SpotTrainingOperator.partial(  # no changeover given: the work alone does not fit
                 task_id="bad3", expected_compute=timedelta(hours=4), deadline="3h"
             )
+        # literal values given to expand() are checked item by item, with partial()'s
+        for mapped, match in (
+            (
+                {"command": [["python", "t.py"], ["python", None]]},
+                "command: expand\\(\\) item 1: item 1 is None",
+            ),
+            ({"policy": ["greedy", "nope"]}, "policy: expand\\(\\) item 1: unknown policy 'nope'"),
+            ({"deadline": ["10h", "3h"]}, "deadline: expand\\(\\) item 1: 3.00 h from the start"),
+        ):
+            with pytest.raises(ConfigError, match=match):
+                SpotTrainingOperator.partial(
+                    task_id=f"exp_{next(iter(mapped))}",
+                    expected_compute=timedelta(hours=4),
+                    **({"deadline": "10h"} if "deadline" not in mapped else {}),
+                ).expand(**mapped)
         # the changeover may still come from expand(): the span is checked when it runs
         SpotTrainingOperator.partial(
             task_id="later", expected_compute=timedelta(hours=4), deadline="4.02h"

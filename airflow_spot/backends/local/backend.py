@@ -26,6 +26,9 @@ DEFAULT_TRACE = "cant-be-late/us-west-2a_v100_1/3.json"
 STARTUP_GRACE_S = 15.0
 
 
+POLARITIES = ("available", "unavailable", None)
+
+
 @dataclass(frozen=True)
 class LocalBackend:
     """Run attempts here, against a spot market replayed from a trace.
@@ -71,6 +74,20 @@ class LocalBackend:
             )
         if len({p.name for p in self.pools}) != len(self.pools):
             raise ConfigError("backend.pools", "pool names must be unique")
+        for name, polarity in (("backend.polarity", self.polarity),) + tuple(
+            (f"backend.pools[{p.name}].polarity", p.polarity) for p in self.pools
+        ):
+            if polarity not in POLARITIES:
+                raise ConfigError(
+                    name,
+                    f"must be 'available' (1 = spot up), 'unavailable' (1 = spot down) or None "
+                    f"(instance counts, timestamped CSV), got {polarity!r}",
+                )
+        if self.trace is not None and (not isinstance(self.trace, str) or not self.trace.strip()):
+            raise ConfigError(
+                "backend.trace",
+                f"must be a trace file path or 'bundled:<name>', got {self.trace!r}",
+            )
         for p in self.pools:
             if p.spot_price is not None and not (finite_number(p.spot_price) and p.spot_price >= 0):
                 raise ConfigError(
