@@ -32,6 +32,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from airflow_spot.policy.hazard import HazardModel
 
@@ -121,29 +122,9 @@ def serves(have: tuple, want: tuple) -> bool:
     return have[:4] == want[:4] and have[5:] == want[5:] and have[4] >= want[4]
 
 
-def solve(
-    model: HazardModel,
-    tick_s: float,
-    changeover_s: float,
-    spot_price: float,
-    on_demand_price: float,
-    max_slack_s: float,
-    max_tau: int,
-    miss_penalty: float = 10.0,
-) -> Plan:
-    """The plan for one job shape (see :func:`shape`)."""
-    return solve_shape(
-        shape(
-            model,
-            tick_s,
-            changeover_s,
-            spot_price,
-            on_demand_price,
-            max_slack_s,
-            max_tau,
-            miss_penalty,
-        )
-    )
+def solve(*args: Any, **kwargs: Any) -> Plan:
+    """The plan for one job shape: :func:`solve_shape` of :func:`shape` (same arguments)."""
+    return solve_shape(shape(*args, **kwargs))
 
 
 def solve_shape(key: tuple, room: float = 1.0) -> Plan:
