@@ -14,7 +14,7 @@ from typing import Any
 from airflow_spot.ledger import Ledger, Phase, Segment
 from airflow_spot.policy import Capacity
 
-MAX_DECISIONS = 500
+MAX_DECISIONS = 150
 
 
 @dataclass

@@ -372,7 +372,10 @@ class Controller:
             )
             return None
         summary = self.summary(now, m)
-        self.state.finished = summary
+        # kept once in the task state store (Airflow warns above 64 KB): the decisions are in
+        # the state's own list, and the live snapshot is superseded
+        self.state.finished = {k: v for k, v in summary.items() if k != "decisions"}
+        self.state.snapshot = None
         self._emit(summary)
         log.info("Job complete: %s", _one_line(summary))
         return summary
@@ -644,6 +647,14 @@ class Controller:
     # -- reporting --------------------------------------------------------------------------
     def summary(self, now: float, final: Manifest | None) -> dict[str, Any]:
         st = self.state
+        last = st.attempts[-1] if st.attempts else None
+        if (
+            final is not None
+            and last is not None
+            and last.outcome == Outcome.SUCCEEDED.value
+            and last.ended_at is not None
+        ):  # the job ended with its attempt, not when a later look (or try) saw that it had
+            now = min(now, last.ended_at)
         total = self._total_steps(final) or 1
         sps = self.seconds_per_step(total)
         led = st.ledger(now, sps, self.op.on_demand_price, total * sps)

@@ -231,7 +231,13 @@ class SpotTrainingOperator(BaseOperator):
             )
             from airflow_spot.operators.controller import xcom_summary
 
-            return xcom_summary(raw["finished"])
+            return xcom_summary(
+                {
+                    **raw["finished"],
+                    "decisions": raw.get("decisions") or [],
+                    "decisions_dropped": raw.get("decisions_dropped", 0),
+                }
+            )
         else:
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
                 self._retire(store, JobState.from_dict(raw))

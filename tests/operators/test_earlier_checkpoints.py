@@ -187,3 +187,27 @@ def test_a_location_in_use_by_a_live_job_of_another_task_instance_is_refused(
         summary = _op(tmp_path).execute(ctx)
         assert summary["final_checkpoint"]["step"] == STEPS
         assert ckpts.owner()["run_id"] == "day2"
+
+
+def test_a_finish_seen_late_is_dated_when_the_attempt_ended(tmp_path: Path) -> None:
+    """Under a real deployment a try that ended early (Airflow's deferral race) was retried 5
+    minutes later, re-attached, found the attempt done and reported "deadline met: False": the
+    finish was dated when it was seen. It is dated when the attempt ended. The finished state
+    keeps one copy of the decisions and no live snapshot."""
+    from airflow_spot.jobstate import JobState
+    from airflow_spot.operators.controller import Controller
+
+    store = FileTaskStateStore(tmp_path / "s.json")
+    ctx = make_context(store)
+    op = _op(tmp_path)
+    summary = op.execute(ctx)
+    raw = store.get(STATE_KEY)
+    assert "decisions" not in raw["finished"] and raw["snapshot"] is None and raw["decisions"]
+    state = JobState.from_dict(raw)
+    ctl = Controller(op, state, ctx)
+    late = ctl.summary(time.time() + 600, ctl.checkpoints.latest_valid())  # seen 10 min later
+    assert late["finished_hours"] == pytest.approx(summary["finished_hours"], abs=0.01)
+    assert late["deadline_met"] is True and late["cost"] == pytest.approx(summary["cost"])
+    # the task instance run again returns its summary, decisions included
+    again = op.execute(ctx)
+    assert again["decisions"] == summary["decisions"]

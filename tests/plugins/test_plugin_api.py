@@ -340,7 +340,7 @@ def test_a_task_instance_airflow_ended_shows_as_stopped() -> None:
 
 
 def test_the_decision_log_says_what_it_did_not_keep(monkeypatch) -> None:
-    """The log keeps the last 500 decisions; the page says how many earlier ones were dropped."""
+    """The log keeps the last 150 decisions; the page says how many earlier ones were dropped."""
     from airflow_spot.plugins import app
 
     state = {
