@@ -266,7 +266,8 @@ class SpotTrainingOperator(BaseOperator):
         # one record per task and run, claimed in one conditional write: of two map indexes
         # starting together exactly one gets it, whatever earlier runs left here
         run = hashlib.sha1(f"{me['dag_id']}/{me['task_id']}/{me['run_id']}".encode())
-        first = ckpts.claim(me, f"job-owner-{run.hexdigest()[:16]}.json")
+        claim = f"job-owner-{run.hexdigest()[:16]}.json"
+        first = ckpts.claim(me, claim)
         if first is not None and first.get("map_index") != me["map_index"]:
             raise ConfigError(
                 "checkpoint_uri",
@@ -284,6 +285,8 @@ class SpotTrainingOperator(BaseOperator):
         who = _ti_name(theirs)
         live = _ti_state(ti, theirs) if other else None
         if live in LIVE_TI_STATES:
+            if first is None:  # this run's claim, just made: take it back
+                ckpts.store.delete(claim)
             raise ConfigError(
                 "checkpoint_uri",
                 f"{self.checkpoint_uri} is in use by {who}, which is {live}: two jobs would "

@@ -183,6 +183,8 @@ def test_a_location_in_use_by_a_live_job_of_another_task_instance_is_refused(
             _op(tmp_path).execute(ctx)
         assert store.get(STATE_KEY) is None
         assert ckpts.owner() == theirs  # nothing changed
+        records = sorted(f.name for f in (tmp_path / "ckpt").glob("job-owner*"))
+        assert records == ["job-owner.json"]  # not even this run's claim
     else:
         summary = _op(tmp_path).execute(ctx)
         assert summary["final_checkpoint"]["step"] == STEPS
