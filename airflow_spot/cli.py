@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from airflow_spot.exceptions import ConfigError
+from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
 
 _UNITS = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0, "d": 24.0}
 
@@ -91,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="lost on every launch; repeat for several (default 0.2h)",
     )
     sim.add_argument(
-        "--spot-price", type=float, default=0.9731, help="per hour (default 0.9731, p3.2xlarge)"
+        "--spot-price",
+        type=float,
+        default=REFERENCE_SPOT_PRICE,
+        help=f"per hour (default {REFERENCE_SPOT_PRICE}, p3.2xlarge)",
     )
     sim.add_argument(
         "--on-demand-price",
@@ -240,7 +244,7 @@ def _on_demand_price(args: argparse.Namespace, traces: list) -> float:
     if args.on_demand_price is not None:
         return float(args.on_demand_price)
     if not args.trace_prices:
-        return 3.06
+        return REFERENCE_ON_DEMAND_PRICE
     own = {t.on_demand_price for t in traces if t.on_demand_price is not None}
     if len(own) > 1:
         raise ConfigError(
@@ -254,7 +258,7 @@ def _on_demand_price(args: argparse.Namespace, traces: list) -> float:
             "(pass --on-demand-price)",
             file=sys.stderr,
         )
-        return 3.06
+        return REFERENCE_ON_DEMAND_PRICE
     return own.pop()
 
 

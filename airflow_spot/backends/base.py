@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-from airflow_spot.exceptions import ConfigError
+from airflow_spot.exceptions import ConfigError, finite_number
 
 
 class State(str, Enum):
@@ -78,6 +78,32 @@ def stop(backend: Any, handle: dict[str, Any]) -> AttemptStatus:
 
 
 PRICE_FROM_KEYS = ("aws_conn_id", "instance_type", "zone", "region_name")
+
+
+def check_pools(pools: Any, kind: type) -> tuple:
+    """A backend's spot pools as a tuple of ``kind`` (a list is accepted), with unique names
+    and valid prices; ``ConfigError`` naming ``backend.pools`` otherwise."""
+    if isinstance(pools, list):
+        pools = tuple(pools)
+    if not isinstance(pools, tuple) or not all(isinstance(p, kind) for p in pools):
+        raise ConfigError(
+            "backend.pools", f"give a tuple of {kind.__name__}(...) objects, got {pools!r}"
+        )
+    if len({p.name for p in pools}) != len(pools):
+        raise ConfigError("backend.pools", "pool names must be unique")
+    for p in pools:
+        check_pool_price(p.name, p.spot_price, p.price_from)
+    return pools
+
+
+def check_pool_price(name: str, spot_price: Any, price_from: Any) -> None:
+    """A pool's fixed price (None, or a price per hour >= 0) and its live-price source."""
+    if spot_price is not None and not (finite_number(spot_price) and spot_price >= 0):
+        raise ConfigError(
+            "backend.pools",
+            f"pool {name!r}: spot_price must be a price per hour >= 0, got {spot_price!r}",
+        )
+    check_price_from(f"backend.pools[{name}].price_from", price_from)
 
 
 def check_price_from(field: str, source: Any) -> None:

@@ -36,6 +36,7 @@ from airflow_spot.exceptions import (
 )
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.policy import get_policy
+from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -583,7 +584,6 @@ REQUIRED = {
 }
 BACKEND_METHODS = ("launch", "status", "cancel", "market_spec", "to_dict")
 MIN_DECISION_INTERVAL = timedelta(seconds=0.1)
-REFERENCE_SPOT_PRICE, REFERENCE_ON_DEMAND_PRICE = 0.9731, 3.06  # p3.2xlarge, the paper's
 MIN_POLL_INTERVAL = 0.01
 MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
 
@@ -826,15 +826,20 @@ def _checked_partial(cls: type[SpotTrainingOperator], **kwargs: Any) -> Any:
     uri = kwargs.get("checkpoint_uri")
     if isinstance(uri, os.PathLike):
         kwargs["checkpoint_uri"] = os.fspath(uri)
-    given = {k: v for k, v in kwargs.items() if k in ARGUMENTS}
-    # a deadline shorter than the work alone is wrong whatever changeover expand() may bring
-    given.setdefault("changeover", timedelta(0))
-    check_arguments(given, partial=True)
+    check_arguments(_partial_given(kwargs), partial=True)
     made = partial(cls, **kwargs)
     made._expand_called = True  # replaced by the checked one below (no "never mapped" warning)
     return _checked_expand_class()(
         operator_class=made.operator_class, kwargs=made.kwargs, params=made.params
     )
+
+
+def _partial_given(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The operator's arguments among ``partial()``'s, as checked at parse time: a deadline
+    shorter than the work alone is wrong whatever changeover ``expand()`` may bring."""
+    given = {k: v for k, v in kwargs.items() if k in ARGUMENTS}
+    given.setdefault("changeover", timedelta(0))
+    return given
 
 
 @functools.cache
@@ -848,8 +853,7 @@ def _checked_expand_class() -> type:
     @attrs.define(kw_only=True, repr=False)
     class CheckedPartial(OperatorPartial):
         def expand(self, **mapped: Any) -> Any:
-            given = {k: v for k, v in self.kwargs.items() if k in ARGUMENTS}
-            given.setdefault("changeover", timedelta(0))
+            given = _partial_given(self.kwargs)
             for name, values in mapped.items():
                 if name not in ARGUMENTS or not isinstance(values, (list, tuple)):
                     continue

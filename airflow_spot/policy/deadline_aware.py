@@ -128,7 +128,7 @@ class DeadlineAware(Policy):
                 return plan, m
         # a slack that outgrew the last plan (the live guard shrinks as the work gets done)
         # will grow again: give the next plan room; a simulated job's shape never drifts
-        grew = any(have[:4] == key[:4] and have[5:] == key[5:] for _, have, *_ in self._plans)
+        grew = any(plans.same_but_slack(have, key) for _, have, *_ in self._plans)
         plan = plans.solve_shape(key, room=1.25 if grew else 1.0)
         key = (*key[:4], plan.max_slack, *key[5:])
         self._plans.insert(0, (self.model, key, plan, model))

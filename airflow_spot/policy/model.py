@@ -13,6 +13,8 @@ from enum import Enum
 from airflow_spot.exceptions import InfeasibleDeadline, InvalidJobSpec
 
 HOUR = 3600.0
+# p3.2xlarge in us-west-2, the paper's and the benchmarks' prices: the defaults where none is given
+REFERENCE_SPOT_PRICE, REFERENCE_ON_DEMAND_PRICE = 0.9731, 3.06
 
 
 class Capacity(str, Enum):
@@ -40,8 +42,8 @@ class JobSpec:
     work_s: float
     deadline_s: float
     changeover_s: float = 0.2 * HOUR
-    spot_price: float = 0.9731
-    on_demand_price: float = 3.06
+    spot_price: float = REFERENCE_SPOT_PRICE
+    on_demand_price: float = REFERENCE_ON_DEMAND_PRICE
     tick_s: float = 600.0
     max_preemptions: int | None = None
 

@@ -115,11 +115,16 @@ def grid_up(n: float) -> int:
     return math.ceil(2 ** (math.ceil(8 * math.log2(n)) / 8))
 
 
+def same_but_slack(have: tuple, want: tuple) -> bool:
+    """Whether two plan shapes differ at most in their slack range."""
+    return have[:4] == want[:4] and have[5:] == want[5:]
+
+
 def serves(have: tuple, want: tuple) -> bool:
     """Whether the plan of shape ``have`` answers every look of shape ``want`` as that shape's
     own plan would: the same shape with at least its slack range (a plan's bit for a slack
     never depends on the larger slacks the table also holds)."""
-    return have[:4] == want[:4] and have[5:] == want[5:] and have[4] >= want[4]
+    return same_but_slack(have, want) and have[4] >= want[4]
 
 
 def solve(*args: Any, **kwargs: Any) -> Plan:

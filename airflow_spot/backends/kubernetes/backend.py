@@ -21,7 +21,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_price_from
+from airflow_spot.backends.base import (
+    AttemptStatus,
+    Outcome,
+    State,
+    check_pool_price,
+    check_pools,
+)
 from airflow_spot.backends.kubernetes.classify import (
     Classification,
     Verdict,
@@ -85,13 +91,7 @@ class KubePool:
                 f"pool {self.name!r}: placement must be a Placement(node_selector=..., "
                 f"tolerations=...), got {type(self.placement).__name__}",
             )
-        price = self.spot_price
-        if price is not None and not (finite_number(price) and price >= 0):
-            raise ConfigError(
-                "backend.pools",
-                f"pool {self.name!r}: spot_price must be a price per hour >= 0, got {price!r}",
-            )
-        check_price_from(f"backend.pools[{self.name}].price_from", self.price_from)
+        check_pool_price(self.name, self.spot_price, self.price_from)
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,6 @@ class KubernetesBackend:
         self._check_fields()
         if isinstance(self.pod_template, Path):  # kept as text: the backend is stored as JSON
             object.__setattr__(self, "pod_template", str(self.pod_template))
-        if len({p.name for p in self.pools}) != len(self.pools):
-            raise ConfigError("backend.pools", "pool names must be unique")
 
     def _check_fields(self) -> None:
         """The remaining fields' types and shapes, each named (a wrong one would otherwise
@@ -233,14 +231,7 @@ class KubernetesBackend:
             v = getattr(self, name)
             if not (isinstance(v, bool) or (v is None and name == "in_cluster")):
                 raise ConfigError(f"backend.{name}", f"must be True or False, got {v!r}")
-        if isinstance(self.pools, list):
-            object.__setattr__(self, "pools", tuple(self.pools))
-        if not isinstance(self.pools, tuple) or not all(
-            isinstance(p, KubePool) for p in self.pools
-        ):
-            raise ConfigError(
-                "backend.pools", f"give a tuple of KubePool(...) objects, got {self.pools!r}"
-            )
+        object.__setattr__(self, "pools", check_pools(self.pools, KubePool))
         if self.resources:
             check_resources(
                 self.resources.get("limits") or {}, self.resources.get("requests") or {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_price_from
+from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_pools
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
@@ -66,14 +66,7 @@ class LocalBackend:
                 "backend.time_scale",
                 f"must be > 0 (trace seconds per wall second), got {self.time_scale!r}",
             )
-        if isinstance(self.pools, list):
-            object.__setattr__(self, "pools", tuple(self.pools))
-        if not isinstance(self.pools, tuple) or not all(isinstance(p, Pool) for p in self.pools):
-            raise ConfigError(
-                "backend.pools", f"give a tuple of Pool(...) objects, got {self.pools!r}"
-            )
-        if len({p.name for p in self.pools}) != len(self.pools):
-            raise ConfigError("backend.pools", "pool names must be unique")
+        object.__setattr__(self, "pools", check_pools(self.pools, Pool))
         for name, polarity in (("backend.polarity", self.polarity),) + tuple(
             (f"backend.pools[{p.name}].polarity", p.polarity) for p in self.pools
         ):
@@ -88,13 +81,6 @@ class LocalBackend:
                 "backend.trace",
                 f"must be a trace file path or 'bundled:<name>', got {self.trace!r}",
             )
-        for p in self.pools:
-            if p.spot_price is not None and not (finite_number(p.spot_price) and p.spot_price >= 0):
-                raise ConfigError(
-                    "backend.pools",
-                    f"pool {p.name!r}: spot_price must be a price per hour >= 0, got {p.spot_price!r}",
-                )
-            check_price_from(f"backend.pools[{p.name}].price_from", p.price_from)
         for name in ("notice_s", "grace_s", "pool_cooldown_h"):
             v = getattr(self, name)
             if not finite_number(v) or v < 0:
