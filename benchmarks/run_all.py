@@ -14,6 +14,7 @@ SCRIPTS = [
     "crosscheck.py",
     "multi_zone.py",
     "import_cost.py",
+    "checkpoint_io.py",
 ]
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@
 A checkpoint exists only once its manifest does, and is *valid* only if every file it names
 is present with that hash and size. ``latest_valid()`` walks from the newest manifest back
 and skips torn or corrupt checkpoints with a warning; it never returns one.
+
+A file may be given as bytes or as a local path; a path is hashed and uploaded in chunks
+(multi-GB model files never sit in memory). ``hash_up_to`` lets a watcher that only needs to
+know a checkpoint is whole (the operator, the sensor) check bigger files by size alone; the
+training process, which loads the files, hashes them all.
 """
 
 from __future__ import annotations
@@ -10,15 +15,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
-from airflow_spot.checkpoint.stores import Store, safe_key
+from airflow_spot.checkpoint.stores import Store, file_digest, safe_key
 from airflow_spot.exceptions import CheckpointError
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 OWNER = "job-owner.json"  # which task instance trains into this location
+T = TypeVar("T")
+# what a watcher (operator, sensor) hashes: files above it are checked by size (a torn write
+# shows as a missing file or a wrong size); the training process hashes every file it loads
+WATCH_HASH_UP_TO = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -71,32 +83,47 @@ def checkpoint_name(step: int) -> str:
 class Checkpoints:
     """Save, find and load checkpoints in a store; keep the last ``keep`` valid ones."""
 
-    def __init__(self, store: Store, keep: int = 3) -> None:
+    def __init__(self, store: Store, keep: int = 3, *, hash_up_to: int | None = None) -> None:
         if keep < 1:
             raise CheckpointError(f"keep must be >= 1, got {keep}")
         self.store = store
         self.keep = keep
+        self.hash_up_to = hash_up_to  # bigger files are verified by size only; None: hash all
         self._verified: set[str] = set()  # names saved or verified by this instance
 
     def save(
         self,
         step: int,
-        files: dict[str, bytes],
+        files: Mapping[str, bytes | os.PathLike[str]],
         *,
         now: float,
         total_steps: int | None = None,
         metrics: dict[str, float] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> Manifest:
-        """Write ``files`` for ``step``, then the manifest; then apply retention."""
+        """Write ``files`` for ``step``, then the manifest; then apply retention. A file is
+        bytes or the path of a local file (streamed: hashed, then uploaded in parts)."""
         if not files:
             raise CheckpointError("a checkpoint needs at least one file")
         base = checkpoint_name(step)
         entries = {}
         for name, data in files.items():
             safe_key(name)
-            self.store.put(f"{base}/{name}", data)
-            entries[name] = FileEntry(hashlib.sha256(data).hexdigest(), len(data))
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                data = bytes(data)
+                self.store.put(f"{base}/{name}", data)
+                entries[name] = FileEntry(hashlib.sha256(data).hexdigest(), len(data))
+            elif isinstance(data, os.PathLike):
+                if not Path(data).is_file():
+                    raise CheckpointError(f"{name}: {os.fspath(data)} is not a file")
+                sha, size = file_digest(data)
+                self.store.put_file(f"{base}/{name}", data)
+                entries[name] = FileEntry(sha, size)
+            else:
+                raise CheckpointError(
+                    f"{name}: a checkpoint file is bytes or a pathlib.Path, not "
+                    f"{type(data).__name__}"
+                )
         manifest = Manifest(step, total_steps, now, entries, dict(metrics or {}), dict(extra or {}))
         self.store.put(f"{base}/{MANIFEST}", manifest.to_json())
         self._verified.add(base)
@@ -118,9 +145,12 @@ class Checkpoints:
         """The manifest of ``name`` if every file matches it; raises CheckpointError otherwise."""
         m = self.read_manifest(name)
         for fname, entry in m.files.items():
-            data = self.store.get(f"{name}/{fname}")
-            if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-                raise CheckpointError(f"{name}/{fname}: size or sha256 differs from the manifest")
+            key = f"{name}/{fname}"
+            if self.hash_up_to is not None and entry.size > self.hash_up_to:
+                if self.store.size(key) != entry.size:
+                    raise CheckpointError(f"{key}: size differs from the manifest")
+            elif self.store.digest(key) != (entry.sha256, entry.size):
+                raise CheckpointError(f"{key}: size or sha256 differs from the manifest")
         self._verified.add(name)
         return m
 
@@ -170,6 +200,47 @@ class Checkpoints:
                 raise CheckpointError(f"{manifest.name}/{fname}: sha256 differs from the manifest")
             out[fname] = data
         return out
+
+    def load_to(self, manifest: Manifest, directory: str | os.PathLike[str]) -> dict[str, Path]:
+        """Download a checkpoint's files into ``directory`` (streamed, never whole in memory),
+        each checked against the manifest; their local paths by name."""
+        root = Path(directory)
+        out: dict[str, Path] = {}
+        try:
+            for fname, entry in manifest.files.items():
+                out[fname] = path = root / safe_key(fname)
+                self.store.get_file(f"{manifest.name}/{fname}", path)
+                if file_digest(path) != (entry.sha256, entry.size):
+                    raise CheckpointError(
+                        f"{manifest.name}/{fname}: size or sha256 differs from the manifest"
+                    )
+        except BaseException:
+            for path in out.values():  # nothing of a checkpoint that did not load is left
+                path.unlink(missing_ok=True)
+            raise
+        return out
+
+    def load_latest(self) -> tuple[Manifest, dict[str, bytes]] | None:
+        """The newest checkpoint whose files load whole, with its files (read once)."""
+        return self._first_loadable(self.load)
+
+    def load_latest_to(
+        self, directory: str | os.PathLike[str]
+    ) -> tuple[Manifest, dict[str, Path]] | None:
+        """The newest checkpoint whose files download whole into ``directory``, with their paths."""
+        return self._first_loadable(lambda m: self.load_to(m, directory))
+
+    def _first_loadable(self, fetch: Callable[[Manifest], T]) -> tuple[Manifest, T] | None:
+        for name in self.manifests():
+            try:
+                m = self.read_manifest(name)
+                files = fetch(m)
+            except CheckpointError as e:
+                log.warning("Skipping checkpoint %s: %s; trying the one before it.", name, e)
+                continue
+            self._verified.add(name)
+            return m, files
+        return None
 
     def _retain(self, saved: str) -> None:
         """Keep the newest ``keep`` checkpoints, always including ``saved``; delete the rest.

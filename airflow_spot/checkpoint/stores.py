@@ -1,14 +1,18 @@
 """Where checkpoints live: a local directory or S3. No Airflow import; boto3 only for S3.
 
 A store maps keys (``/``-separated relative paths) to bytes. Keys never escape the
-configured prefix: absolute keys, ``..`` and empty parts are refused.
+configured prefix: absolute keys, ``..`` and empty parts are refused. Large checkpoint files
+go through files, never whole in memory: ``put_file``/``get_file`` stream (multipart on S3,
+where one PUT stops at 5 GB), ``size`` reads only metadata, and ``digest`` hashes in chunks.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -16,6 +20,18 @@ from urllib.parse import urlparse
 from airflow_spot.exceptions import CheckpointError, ConfigError
 
 _PART = re.compile(r"^[A-Za-z0-9._-]+$")
+CHUNK = 1 << 20  # bytes read at a time when hashing
+MULTIPART_FROM = 64 << 20  # S3: bytes above which uploads and downloads go in parts
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """sha256 (hex) and size of a local file, read in chunks."""
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
 
 
 def safe_key(key: str) -> str:
@@ -40,6 +56,14 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> list[str]: ...
     def delete(self, key: str) -> None: ...
     def create(self, key: str, data: bytes) -> bool: ...
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
+    def size(self, key: str) -> int: ...
+    def digest(self, key: str) -> tuple[str, int]: ...
+
+
+def _tmp_beside(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 class LocalStore:
@@ -55,18 +79,58 @@ class LocalStore:
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp = _tmp_beside(path)
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
 
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Copy a local file in (streamed), visible only once whole."""
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_beside(dest)
+        try:
+            with open(path, "rb") as src, open(tmp, "wb") as fh:
+                shutil.copyfileobj(src, fh, CHUNK)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Copy ``key`` to a local file (streamed; written beside it, then renamed)."""
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_beside(dest)
+        try:
+            with open(self._path(key), "rb") as src, open(tmp, "wb") as fh:
+                shutil.copyfileobj(src, fh, CHUNK)
+            os.replace(tmp, dest)
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+
+    def digest(self, key: str) -> tuple[str, int]:
+        try:
+            return file_digest(self._path(key))
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if it does not exist (atomically); False if it already did."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp = _tmp_beside(path)
         tmp.write_bytes(data)
         try:
             os.link(tmp, path)  # fails if path exists, whoever wrote it first
@@ -116,6 +180,8 @@ def _named(method):
         except Exception as e:
             kind = type(e).__name__
             code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code")
+            if kind == "S3UploadFailedError" and "NoSuchBucket" in str(e):
+                code = "NoSuchBucket"  # a managed (multipart) upload wraps the ClientError
             if kind in ("NoCredentialsError", "PartialCredentialsError"):
                 raise ConfigError(
                     "checkpoint_uri",
@@ -161,9 +227,77 @@ class S3Store:
         safe_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    @staticmethod
+    def _transfer():
+        from boto3.s3.transfer import TransferConfig
+
+        # s3transfer widens the parts itself when a file would need more than 10,000
+        return TransferConfig(
+            multipart_threshold=MULTIPART_FROM, multipart_chunksize=MULTIPART_FROM
+        )
+
     @_named
     def put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        if len(data) <= MULTIPART_FROM:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            return
+        import io
+
+        self.client.upload_fileobj(
+            io.BytesIO(data), self.bucket, self._key(key), Config=self._transfer()
+        )
+
+    @_named
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Upload a local file, in parts above 64 MB (one PUT stops at 5 GB)."""
+        self.client.upload_file(
+            os.fspath(path), self.bucket, self._key(key), Config=self._transfer()
+        )
+
+    @_named
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Download ``key`` to a local file (in parts; written beside it, then renamed)."""
+        from botocore.exceptions import ClientError
+
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_beside(dest)
+        try:
+            self.client.download_file(
+                self.bucket, self._key(key), os.fspath(tmp), Config=self._transfer()
+            )
+            os.replace(tmp, dest)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @_named
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
+        try:
+            return int(
+                self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+            )
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+            raise
+
+    @_named
+    def digest(self, key: str) -> tuple[str, int]:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except self.client.exceptions.NoSuchKey as e:
+            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+        h, n = hashlib.sha256(), 0
+        for chunk in body.iter_chunks(CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+        return h.hexdigest(), n
 
     @_named
     def create(self, key: str, data: bytes) -> bool:

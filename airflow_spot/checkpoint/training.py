@@ -10,6 +10,10 @@
         session.step_done(step + 1, lambda: serialise(state), metrics={"loss": loss})
     # step_done saves and exits with PREEMPTED_EXIT when SIGTERM or a notice arrived
 
+A model too big to hold twice in memory goes through files: ``state`` may return paths of
+local files (``{"model.pt": Path(...)}``), and ``resume_to(folder)`` downloads the newest
+whole checkpoint there and returns its files' paths.
+
 The backend tells the training process where to checkpoint and how to hear about a
 preemption through environment variables (names in :data:`ENV`). A SIGTERM or the notice
 file appearing makes the next ``step_done`` save immediately and exit.
@@ -23,8 +27,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
 from airflow_spot.checkpoint.stores import open_store
@@ -41,6 +46,7 @@ ENV = {
 }
 NOTICE_ANNOTATION = "airflow-spot/preemption-notice"
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: "stopped on request after saving"
+T = TypeVar("T")
 
 
 class TrainingSession:
@@ -104,13 +110,22 @@ class TrainingSession:
         signal.signal(signal.SIGTERM, on_term)
 
     def resume(self) -> tuple[int, dict[str, bytes] | None]:
-        """(step to start from, files of the latest valid checkpoint or None)."""
-        m = self.checkpoints.latest_valid()
-        if m is None:
+        """(step to start from, files of the latest valid checkpoint or None), in memory."""
+        return self._resumed(self.checkpoints.load_latest())
+
+    def resume_to(self, directory: str | os.PathLike[str]) -> tuple[int, dict[str, Path] | None]:
+        """(step to start from, local paths of the latest valid checkpoint's files or None):
+        the files are downloaded into ``directory`` in chunks, for models too big to hold twice
+        in memory (``torch.load(files["model.pt"])``)."""
+        return self._resumed(self.checkpoints.load_latest_to(directory))
+
+    def _resumed(self, found: tuple[Manifest, T] | None) -> tuple[int, T | None]:
+        if found is None:
             return 0, None
+        m, files = found
         self.last_saved = m.step
         log.info("Resuming from checkpoint %s (step %d of %s).", m.name, m.step, m.total_steps)
-        return m.step, self.checkpoints.load(m)
+        return m.step, files
 
     def notice(self) -> bool:
         """A preemption is coming: SIGTERM, the notice file, or the pod's notice annotation."""
@@ -123,11 +138,13 @@ class TrainingSession:
     def step_done(
         self,
         step: int,
-        state: Callable[[], dict[str, bytes]],
+        state: Callable[[], Mapping[str, bytes | os.PathLike[str]]],
         *,
         metrics: dict[str, float] | None = None,
     ) -> Manifest | None:
-        """Call after finishing ``step`` steps. Saves when due; exits after saving on a notice."""
+        """Call after finishing ``step`` steps. Saves when due (``state()`` gives the files by
+        name, as bytes or as paths of local files written for the purpose); exits after saving
+        on a notice."""
         stopping = self.notice()
         saved = None
         if stopping or step % self.save_every == 0 or step >= self.total_steps:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome
 from airflow_spot.backends.local.market import Pools
-from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
+from airflow_spot.checkpoint.manifest import WATCH_HASH_UP_TO, Checkpoints, Manifest
 from airflow_spot.exceptions import (
     BackendError,
     ConfigError,
@@ -52,7 +52,7 @@ class Controller:
         self.backend = op._backend()
         self.pools = Pools.load(state.market) if state.market else None
         self.checkpoint_uri = str(op.checkpoint_uri)
-        self.checkpoints = Checkpoints(op.checkpoint_store())
+        self.checkpoints = Checkpoints(op.checkpoint_store(), hash_up_to=WATCH_HASH_UP_TO)
         self.policy = get_policy(op.policy)
         if plan_mod.CACHE_DIR is None:  # a deferred task resumes in a new process: keep plans
             plan_mod.CACHE_DIR = os.environ.get("AIRFLOW_SPOT_PLAN_CACHE") or os.path.join(

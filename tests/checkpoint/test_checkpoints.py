@@ -294,3 +294,86 @@ def test_a_local_claim_is_atomic(tmp_path: Path) -> None:
 
 def _claim(root: str, i: int) -> dict | None:
     return Checkpoints(LocalStore(root)).claim({"map_index": i})
+
+
+def test_files_given_as_paths_are_streamed_and_come_back_as_paths(tmp_path: Path) -> None:
+    """A checkpoint file may be a local path (a model too big to hold twice in memory): it is
+    hashed and copied in chunks, and ``resume_to`` downloads the newest whole checkpoint into
+    a folder, skipping a corrupt newer one."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.pt").write_bytes(os.urandom(3 << 20))  # 3 chunks
+    s = TrainingSession(str(tmp_path / "c"), total_steps=100, save_every=10)
+    s.step_done(10, lambda: {"model.pt": out / "model.pt", "meta.json": b"{}"})
+    first = (out / "model.pt").read_bytes()
+    (out / "model.pt").write_bytes(b"newer")
+    s.step_done(20, lambda: {"model.pt": out / "model.pt", "meta.json": b"{}"})
+    assert s.checkpoints.load(s.checkpoints.latest_valid())["model.pt"] == b"newer"
+    (out / "extra.bin").write_bytes(b"e")
+    s.step_done(30, lambda: {"extra.bin": out / "extra.bin", "model.pt": out / "model.pt"})
+    (tmp_path / "c" / "ckpt-000000000030" / "model.pt").write_bytes(b"NEWER")  # same size
+    (tmp_path / "c" / "ckpt-000000000020" / "meta.json").unlink()  # torn
+    step, files = TrainingSession(str(tmp_path / "c"), total_steps=100).resume_to(tmp_path / "in")
+    assert step == 10 and set(files) == {"model.pt", "meta.json"}
+    assert files["model.pt"] == tmp_path / "in" / "model.pt"
+    assert files["model.pt"].read_bytes() == first
+    # nothing is left of the two newer ones that did not load (extra.bin came first in 30)
+    assert sorted(p.name for p in (tmp_path / "in").iterdir()) == ["meta.json", "model.pt"]
+    assert TrainingSession(str(tmp_path / "empty"), total_steps=5).resume_to(tmp_path / "x") == (
+        0,
+        None,
+    )
+
+
+def test_a_watcher_checks_big_files_by_size_and_the_trainer_by_hash(tmp_path: Path) -> None:
+    """The operator and the sensor (``hash_up_to``) read only the size of a file bigger than
+    that, so a multi-GB model is not downloaded at every look; a torn file (wrong size) still
+    fails there, and the training process, which loads the files, hashes them all."""
+    c = _ckpts(tmp_path)
+    c.save(10, {"big": b"x" * 1000, "small": b"s"}, now=1)
+    path = tmp_path / "c" / "ckpt-000000000010" / "big"
+    path.write_bytes(b"y" * 1000)  # same size, other bytes
+    watcher = Checkpoints(LocalStore(tmp_path / "c"), hash_up_to=100)
+    assert watcher.latest_valid().step == 10
+    assert _ckpts(tmp_path).latest_valid() is None  # hashed
+    (tmp_path / "c" / "ckpt-000000000010" / "small").write_bytes(b"t")
+    assert Checkpoints(LocalStore(tmp_path / "c"), hash_up_to=100).latest_valid() is None
+    (tmp_path / "c" / "ckpt-000000000010" / "small").write_bytes(b"s")
+    path.write_bytes(b"x" * 999)  # torn
+    assert Checkpoints(LocalStore(tmp_path / "c"), hash_up_to=100).latest_valid() is None
+
+
+@pytest.mark.parametrize("value", ["model.pt", 3, None])
+def test_a_checkpoint_file_that_is_neither_bytes_nor_a_path_is_refused(
+    tmp_path: Path, value
+) -> None:
+    """A str is not taken for a path (it could be meant as text): the error says what is."""
+    with pytest.raises(CheckpointError, match="bytes or a pathlib.Path"):
+        _ckpts(tmp_path).save(1, {"w": value}, now=0)
+    with pytest.raises(CheckpointError, match="is not a file"):
+        _ckpts(tmp_path).save(1, {"w": tmp_path / "missing"}, now=0)
+    assert _ckpts(tmp_path).manifests() == []
+
+
+def test_the_example_resumed_through_files_after_sigterm_ends_identical(tmp_path: Path) -> None:
+    """The example trainer checkpointing through local files, stopped by SIGTERM and run
+    again, ends with the same final checkpoint as an uninterrupted in-memory run."""
+    from airflow_spot.testing import train_command
+
+    base = train_command(300, save_every=50, seed=4)
+    files_run = base + ["--checkpoint-uri", str(tmp_path / "f"), "--via-files", str(tmp_path / "w")]
+    proc = subprocess.Popen(files_run + ["--step-seconds", "0.01"], stderr=subprocess.PIPE)
+    until = time.time() + 30
+    while not list((tmp_path / "f").glob("ckpt-*/MANIFEST.json")) and time.time() < until:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    stopped = Checkpoints(LocalStore(tmp_path / "f")).latest_valid()
+    assert 0 < stopped.step < 300
+    subprocess.run(files_run, check=True, capture_output=True)
+    subprocess.run(
+        base + ["--checkpoint-uri", str(tmp_path / "m")], check=True, capture_output=True
+    )
+    a, b = (Checkpoints(LocalStore(tmp_path / d)) for d in ("f", "m"))
+    assert a.latest_valid().step == b.latest_valid().step == 300
+    assert a.load(a.latest_valid()) == b.load(b.latest_valid())

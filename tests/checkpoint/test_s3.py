@@ -12,6 +12,7 @@ import pytest
 
 from airflow_spot.checkpoint import Checkpoints, open_store
 from airflow_spot.checkpoint.stores import S3Store
+from airflow_spot.exceptions import CheckpointError
 from airflow_spot.testing import train_command
 
 
@@ -155,3 +156,39 @@ def test_the_operator_reads_s3_checkpoints_through_its_aws_connection(
         op("s3://spot-ckpt/no-conn").execute(make_context(FileTaskStateStore(tmp_path / "b")))
     with pytest.raises(ConfigError, match="aws_conn_id: must be an Airflow connection id"):
         op("s3://spot-ckpt/x", aws_conn_id=3)
+
+
+def test_big_files_go_to_s3_in_parts_and_a_watcher_reads_only_their_size(
+    s3_server, tmp_path: Path, monkeypatch
+) -> None:
+    """A file above the multipart size is uploaded and downloaded in parts (one PUT stops at
+    5 GB), given as a path or as bytes; a watcher with ``hash_up_to`` checks it with HEAD
+    alone (no GetObject), and resume_to downloads it whole."""
+    from airflow_spot.checkpoint import stores
+    from airflow_spot.checkpoint.training import TrainingSession
+
+    monkeypatch.setattr(stores, "MULTIPART_FROM", 5 << 20)  # S3's smallest part
+    big = tmp_path / "model.pt"
+    big.write_bytes(os.urandom(12 << 20))
+    s = TrainingSession("s3://spot-ckpt/big", total_steps=10, save_every=5)
+    s.step_done(5, lambda: {"model.pt": big, "opt.bin": b"o" * (6 << 20)})
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"])
+    for name in ("model.pt", "opt.bin"):
+        etag = client.head_object(Bucket="spot-ckpt", Key=f"big/ckpt-000000000005/{name}")["ETag"]
+        assert "-" in etag  # a multipart upload's ETag is "<md5 of md5s>-<parts>"
+    watcher = Checkpoints(open_store("s3://spot-ckpt/big"), hash_up_to=1 << 20)
+    calls: list[str] = []
+    watcher.store.client.meta.events.register(
+        "before-call.s3.*", lambda model, **kw: calls.append(model.name)
+    )
+    assert watcher.latest_valid().step == 5
+    assert "GetObject" in calls and calls.count("HeadObject") == 2  # manifest read, files sized
+    assert calls.count("GetObject") == 1
+    step, files = TrainingSession("s3://spot-ckpt/big", total_steps=10).resume_to(tmp_path / "in")
+    assert step == 5 and files["model.pt"].read_bytes() == big.read_bytes()
+    assert files["opt.bin"].stat().st_size == 6 << 20
+    with pytest.raises(CheckpointError, match="does not exist"):
+        watcher.store.get_file("ckpt-000000000005/nothing", tmp_path / "n")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        watcher.store.size("ckpt-000000000005/nothing")
+    assert not (tmp_path / "n").exists()

@@ -250,8 +250,9 @@ class LocalBackend:
         ):  # just launched: wait for it to report
             time.sleep(0.02)
             raw = _raw(handle) or {}
-        sup = raw.get("supervisor_pid")
-        if sup and _is_supervisor(sup, handle["run_dir"]):
+        sup = int(raw.get("supervisor_pid") or 0)
+        ours = sup > 0 and _is_supervisor(sup, handle["run_dir"])
+        if ours:
             os.kill(sup, signal.SIGTERM)
         deadline = time.time() + wait_s
         while time.time() < deadline:
@@ -260,8 +261,9 @@ class LocalBackend:
                 break
             time.sleep(0.05)
         until = time.time() + 5.0
-        while sup and _is_supervisor(sup, handle["run_dir"]) and time.time() < until:
-            time.sleep(0.05)  # let the supervisor exit after its verdict
+        while ours and _running(sup) and time.time() < until:
+            time.sleep(0.05)  # let the supervisor exit after its verdict (its cmdline empties
+            # before it has exited, so its state is what tells)
         pgid = (_raw(handle) or {}).get("pgid")
         if pgid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -286,6 +288,15 @@ def _is_supervisor(pid: int, run_dir: str) -> bool:
     except OSError:
         return False
     return b"airflow_spot.backends.local.supervisor" in cmd and run_dir.encode() in cmd
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie or a dying task has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X", "x")
 
 
 def read_status(handle: dict[str, Any]) -> AttemptStatus:
