@@ -10,7 +10,7 @@ venv: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=68" wheel
+	$(PY) -m pip install -q --upgrade "pip>=24" "setuptools>=77" wheel
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
@@ -25,8 +25,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check airflow_spot tests benchmarks dags
-	$(VENV)/bin/ruff format --check airflow_spot tests benchmarks dags
+	$(VENV)/bin/ruff check airflow_spot tests benchmarks
+	$(VENV)/bin/ruff format --check airflow_spot tests benchmarks
 	$(VENV)/bin/mypy
 
 clean:

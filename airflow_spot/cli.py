@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from airflow_spot import bundled
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
 
@@ -64,10 +65,20 @@ def _in_flags(e: ConfigError) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="airflow-spot", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="airflow-spot",
+        description="airflow-spot's command line: what would a deadline cost on this spot "
+        "market's history, and which policy should run it?",
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="replay policies on spot traces and compare their cost")
-    sim.add_argument("traces", nargs="+", metavar="TRACE_OR_DIR")
+    sim.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE_OR_DIR",
+        help="trace files or folders of traces, or bundled:NAME for a sample shipped with the "
+        f"package ({', '.join(bundled.names())})",
+    )
     sim.add_argument(
         "--polarity", choices=["available", "unavailable"], help="what 1 means in JSON 0/1 traces"
     )

@@ -1,19 +1,23 @@
 """`make demo`: run the example training DAG on the embedded local backend and report.
 
-Creates a SQLite Airflow DB under ``.demo/`` (once), runs ``dags/spot_training_demo.py`` with
-``dag.test()``, then prints the run's table and writes ``.demo/timeline.png``. Airflow's own
-log goes to ``.demo/dag_test.log``.
+Creates a SQLite Airflow DB under ``.demo/`` (once), runs the demo DAG shipped with the package
+(``airflow_spot/examples/dags/spot_training_demo.py``, so an installed wheel runs it too) with
+``dag.test()``, then prints the run's table and writes ``.demo/timeline.png`` (with matplotlib).
+Airflow's own log goes to ``.demo/dag_test.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+DAGS = Path(__file__).resolve().parent / "examples" / "dags"
 
 
 def _setup(root: Path, dags: Path) -> None:
@@ -33,7 +37,6 @@ def _setup(root: Path, dags: Path) -> None:
 
 
 def _run_dag(dags: Path, log_path: Path) -> tuple[str, str]:
-    import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "spot_training_demo", dags / "spot_training_demo.py"
@@ -109,26 +112,36 @@ def format_report(s: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path(".demo"))
-    ap.add_argument("--dags", type=Path, default=Path("dags"))
+    ap.add_argument(
+        "--dags",
+        type=Path,
+        default=DAGS,
+        help="folder holding spot_training_demo.py (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     root, dags = args.root.resolve(), args.dags.resolve()
     if not (dags / "spot_training_demo.py").exists():
-        raise SystemExit(f"{dags}/spot_training_demo.py not found; run from the repository root")
+        raise SystemExit(f"--dags: {dags} holds no spot_training_demo.py")
     t0 = time.time()
     _setup(root, dags)
     print(
-        "Running dags/spot_training_demo.py with dag.test() (Airflow log: .demo/dag_test.log) ...",
+        f"Running {dags / 'spot_training_demo.py'} with dag.test() "
+        f"(Airflow log: {root / 'dag_test.log'}) ...",
         flush=True,
     )
     state, run_id = _run_dag(dags, root / "dag_test.log")
     summary = _summary(run_id)
     (root / "summary.json").write_text(json.dumps(summary, indent=1))
-    from airflow_spot.timeline import plot_timeline
-
-    png = plot_timeline(summary, root / "timeline.png", title=f"spot_training_demo {run_id}")
     print(f"DAG run {run_id}: {state} in {time.time() - t0:.0f} s")
     print(format_report(summary))
-    print(f"\nTimeline: {png}\nSummary JSON: {root / 'summary.json'}")
+    if importlib.util.find_spec("matplotlib") is None:
+        timeline = "not drawn: it needs matplotlib (pip install 'airflow-provider-spot[plot]')"
+    else:
+        from airflow_spot.timeline import plot_timeline
+
+        title = f"spot_training_demo {run_id}"
+        timeline = str(plot_timeline(summary, root / "timeline.png", title=title))
+    print(f"\nTimeline: {timeline}\nSummary JSON: {root / 'summary.json'}")
     return 0 if state == "success" else 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,30 @@ def test_cli_errors_speak_in_flags_and_plot_needs_matplotlib_before_the_sweep(
     )
     rc = main(["simulate", trace, "--polarity", "unavailable", "--plot", "/tmp/x.png"])
     assert rc == 2 and "--plot: needs matplotlib" in capsys.readouterr().err
+
+
+def test_bundled_samples_are_named_on_the_command_line(capsys) -> None:
+    """``bundled:<name>`` (the LocalBackend's spelling) works on the command line, an unknown
+    name lists the samples there are, and ``--help`` lists them too."""
+    rc = main(
+        [
+            "simulate",
+            "bundled:cant-be-late/us-west-2a_v100_1",
+            "--polarity",
+            "unavailable",
+            "--policy",
+            "greedy",
+            "--quiet",
+        ]
+    )
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if "greedy" in line]
+    assert rc == 0 and rows and rows[0][3] == "12"  # the folder's 12 windows
+    assert main(["simulate", "bundled:cant-be-late/nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no such bundled sample" in err and "bundled:cant-be-late/us-west-2a_k80_1" in err
+    assert "bundled:gcp-h100/us-central1-a_h100_16.json" in err
+    assert "price" not in err and "result" not in err  # the samples beside the traces
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = re.sub(r"-\s+", "-", capsys.readouterr().out)  # argparse wraps at hyphens
+    assert "bundled:cant-be-late/us-west-2a_v100_1" in text

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
@@ -276,7 +276,7 @@ class SpotMarketHook(AwsBaseHook):
         ``cache_ttl_s`` (the window moves with the clock, so it is cached by zones, not times)."""
 
         def fetch() -> dict[str, float]:
-            at = now or datetime.now(timezone.utc)
+            at = now or datetime.now(UTC)
             latest: dict[str, PricePoint] = {}
             for p in self._history(instance_type, zones, at - timedelta(days=1), at):
                 if p.zone not in latest or p.at >= latest[p.zone].at:

@@ -22,7 +22,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -299,7 +299,7 @@ class SpotTrainingOperator(BaseOperator):
             m = ckpts.latest_valid()  # complete work counts only if its files are whole
         if m is not None:
             total = self.total_steps or m.total_steps
-            saved = datetime.fromtimestamp(m.created, timezone.utc).isoformat(timespec="seconds")
+            saved = datetime.fromtimestamp(m.created, UTC).isoformat(timespec="seconds")
             by = f" by {who}" if other else ""
             if total and m.step >= total:
                 raise ConfigError(

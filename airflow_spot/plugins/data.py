@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 STATE_KEY = (
@@ -12,7 +12,7 @@ STATE_KEY = (
 
 
 def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def row(

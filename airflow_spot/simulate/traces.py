@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -116,10 +116,17 @@ def load_traces(
     nodes: int | None = None,
     gap_s: float | None = None,
 ) -> list[Trace]:
-    """Load files and every ``*.json``/``*.csv`` trace directly inside given folders."""
+    """Load files and every ``*.json``/``*.csv`` trace directly inside given folders;
+    ``bundled:<name>`` names a sample shipped with the package."""
+    from airflow_spot.bundled import PREFIX, names, resolve
+
     out: list[Trace] = []
     for raw in paths:
-        p = Path(raw)
+        p = Path(resolve(str(raw)))
+        if str(raw).startswith(PREFIX) and not p.exists():
+            raise TraceFormatError(
+                "trace", f"{raw}: no such bundled sample; there are {', '.join(names())}"
+            )
         if p.is_dir():
             files = sorted(
                 (
@@ -284,7 +291,7 @@ def _load_csv(p: Path, gap_s: float | None) -> Trace:
         counts = np.bincount(tick, minlength=n)
         prices = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
         prices = _ffill(prices)
-    start = datetime.fromtimestamp(stamps[0], timezone.utc).isoformat()
+    start = datetime.fromtimestamp(stamps[0], UTC).isoformat()
     return Trace(
         p.stem, gap, up, prices, None, str(p), {"start": start, "probes": int(values.size)}
     )
@@ -294,7 +301,7 @@ def _utc_seconds(text: str) -> float:
     """Seconds since the epoch; a time without a zone is UTC (never the machine's local time,
     whose daylight-saving jumps would make the probes go backwards)."""
     dt = datetime.fromisoformat(text.strip())
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
 
 
 def _ffill(a: np.ndarray) -> np.ndarray:
@@ -320,6 +327,6 @@ def _sibling_prices(p: Path, n: int) -> np.ndarray | None:
 
 def bundled(relative: str = "") -> Path:
     """Path of a trace sample shipped with the package (see ``airflow_spot/data/traces/README.md``)."""
-    from importlib.resources import files
+    from airflow_spot.bundled import ROOT
 
-    return Path(str(files("airflow_spot") / "data" / "traces")) / relative
+    return ROOT / relative

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -16,7 +16,7 @@ KUBECONFIG = os.environ.get("SPOT_K8S_KUBECONFIG", ROOT + "/kubeconfig")
 STEPS = int(os.environ.get("SPOT_K8S_STEPS", "200"))
 
 with DAG(
-    "spot_k8s", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc), catchup=False
+    "spot_k8s", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False
 ) as k8s_dag:
     SpotTrainingOperator(
         task_id="train",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -16,7 +16,7 @@ ROOT = os.environ.get("SPOT_TEST_DIR", "/tmp/airflow-spot-test")
 TRACE = os.environ.get("SPOT_TEST_TRACE", "bundled:cant-be-late/us-west-2a_v100_1/8.json")
 STEPS = int(os.environ.get("SPOT_TEST_STEPS", "200"))
 SCALE = float(os.environ.get("SPOT_TEST_SCALE", "1800"))
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _train(steps: int, seed: int = 7) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from botocore.stub import Stubber
@@ -76,7 +76,7 @@ def test_malformed_connection_names_the_connection(moto_conn) -> None:
 
 def test_current_prices_from_the_real_series_cached(moto_conn) -> None:
     """The latest real price per zone comes back; a second call within the TTL is served from cache."""
-    now = datetime(2023, 3, 1, tzinfo=timezone.utc)
+    now = datetime(2023, 3, 1, tzinfo=UTC)
     hook = SpotMarketHook(aws_conn_id="aws_moto", cache_ttl_s=60)
     stub = Stubber(hook.get_conn())
     stub.add_response(
@@ -161,7 +161,7 @@ def test_the_pricing_api_is_asked_for_the_connections_region(moto_conn, monkeypa
 
 def test_throttling_is_retried_with_backoff(moto_conn, caplog) -> None:
     """Two Throttling errors, then an answer: the call succeeds, and no secret is logged."""
-    now = datetime(2023, 3, 1, tzinfo=timezone.utc)
+    now = datetime(2023, 3, 1, tzinfo=UTC)
     hook = SpotMarketHook(aws_conn_id="aws_moto", backoff_s=0.01)
     stub = Stubber(hook.get_conn())
     stub.add_client_error(

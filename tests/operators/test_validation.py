@@ -3,7 +3,7 @@ with an error naming the argument."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -92,7 +92,7 @@ def test_templated_values_are_checked_when_the_task_starts() -> None:
     op = SpotTrainingOperator(
         **{**OK, "deadline": "{{ params.deadline }}", "checkpoint_uri": "{{ params.uri }}"}
     )
-    now = datetime(2026, 6, 1, tzinfo=timezone.utc).timestamp()
+    now = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
     op.deadline = "2026-05-01T00:00:00+00:00"  # as rendered: in the past
     with pytest.raises(
         ConfigError, match="deadline: 2026-05-01T00:00:00\\+00:00 is already in the past"

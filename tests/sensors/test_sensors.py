@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from airflow_spot.sensors.spot import cheapest_below
 from airflow_spot.triggers.events import EventKind, SpotEvent
 from airflow_spot.triggers.sensors import CheckpointTrigger, SpotPriceTrigger
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 
 
 @pytest.fixture(scope="module")
@@ -195,14 +195,14 @@ def test_checkpoint_sensor_newer_than_and_bad_input(tmp_path: Path) -> None:
     old = CheckpointSensor(
         task_id="c",
         checkpoint_uri=str(tmp_path),
-        newer_than=datetime.fromtimestamp(999, timezone.utc),
+        newer_than=datetime.fromtimestamp(999, UTC),
         deferrable=False,
     )
     assert old.poke({}).xcom_value["step"] == 5
     new = CheckpointSensor(
         task_id="d",
         checkpoint_uri=str(tmp_path),
-        newer_than=datetime.fromtimestamp(2000, timezone.utc),
+        newer_than=datetime.fromtimestamp(2000, UTC),
     )
     assert new.poke({}).is_done is False
     with pytest.raises(ConfigError, match="min_step: give min_step"):

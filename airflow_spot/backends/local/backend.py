@@ -120,11 +120,9 @@ class LocalBackend:
 
     @staticmethod
     def _resolve(name: str) -> str:
-        if name.startswith("bundled:"):
-            from importlib.resources import files
+        from airflow_spot.bundled import resolve
 
-            return str(files("airflow_spot") / "data" / "traces" / name.removeprefix("bundled:"))
-        return name
+        return resolve(name)
 
     def root(self) -> Path:
         if self.work_dir:

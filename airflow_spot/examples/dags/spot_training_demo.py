@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -27,7 +27,7 @@ TRACE = "bundled:cant-be-late/us-west-2a_v100_1/8.json"  # AWS us-west-2a V100 (
 with DAG(
     dag_id="spot_training_demo",
     schedule=None,
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     tags=["spot", "demo"],
 ) as dag:
