@@ -21,7 +21,8 @@ from airflow_spot.exceptions import CheckpointError, ConfigError
 
 _PART = re.compile(r"^[A-Za-z0-9._-]+$")
 CHUNK = 1 << 20  # bytes read at a time when hashing
-MULTIPART_FROM = 64 << 20  # S3: bytes above which uploads and downloads go in parts
+MULTIPART_FROM = 64 << 20  # S3: a file above this goes up and down in parts
+SINGLE_PUT_MAX = 5 << 30  # S3: the most one PUT takes (bytes above it go in parts)
 
 
 def file_digest(path: str | os.PathLike[str]) -> tuple[str, int]:
@@ -238,7 +239,7 @@ class S3Store:
 
     @_named
     def put(self, key: str, data: bytes) -> None:
-        if len(data) <= MULTIPART_FROM:
+        if len(data) <= SINGLE_PUT_MAX:  # one PUT: no copy of the data in parts
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
             return
         import io

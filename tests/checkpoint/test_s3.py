@@ -168,6 +168,7 @@ def test_big_files_go_to_s3_in_parts_and_a_watcher_reads_only_their_size(
     from airflow_spot.checkpoint.training import TrainingSession
 
     monkeypatch.setattr(stores, "MULTIPART_FROM", 5 << 20)  # S3's smallest part
+    monkeypatch.setattr(stores, "SINGLE_PUT_MAX", 5 << 20)  # bytes above it go in parts too
     big = tmp_path / "model.pt"
     big.write_bytes(os.urandom(12 << 20))
     s = TrainingSession("s3://spot-ckpt/big", total_steps=10, save_every=5)
