@@ -5,9 +5,11 @@ is present with that hash and size. ``latest_valid()`` walks from the newest man
 and skips torn or corrupt checkpoints with a warning; it never returns one.
 
 A file may be given as bytes or as a local path; a path is hashed and uploaded in chunks
-(multi-GB model files never sit in memory). ``hash_up_to`` lets a watcher that only needs to
-know a checkpoint is whole (the operator, the sensor) check bigger files by size alone; the
-training process, which loads the files, hashes them all.
+(multi-GB model files never sit in memory). The manifest also records each file's tag as the
+store wrote it (S3's ETag; inode and mtime on disk). ``hash_up_to`` lets a watcher that only
+needs to know a checkpoint is whole (the operator, the sensor) check a bigger file by its size
+and tag, which a HEAD gives, and hash it only if the tag differs (the files were copied, or
+written again); the training process, which loads the files, hashes them all.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,8 +32,8 @@ log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 OWNER = "job-owner.json"  # which task instance trains into this location
 T = TypeVar("T")
-# what a watcher (operator, sensor) hashes: files above it are checked by size (a torn write
-# shows as a missing file or a wrong size); the training process hashes every file it loads
+# what a watcher (operator, sensor) always hashes: a bigger file whose size and store tag are
+# those the save recorded is the very object written; the training process hashes everything
 WATCH_HASH_UP_TO = 64 << 20
 
 
@@ -49,6 +53,7 @@ class Manifest:
     files: dict[str, FileEntry]
     metrics: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)  # each file's store tag when written
 
     @property
     def name(self) -> str:
@@ -73,6 +78,7 @@ class Manifest:
             files,
             d.get("metrics", {}),
             d.get("extra", {}),
+            {str(k): str(v) for k, v in (d.get("tags") or {}).items()},
         )
 
 
@@ -102,33 +108,63 @@ class Checkpoints:
         extra: dict[str, Any] | None = None,
     ) -> Manifest:
         """Write ``files`` for ``step``, then the manifest; then apply retention. A file is
-        bytes or the path of a local file (streamed: hashed, then uploaded in parts)."""
+        bytes or the path of a local file (streamed: hashed, then uploaded in parts), which
+        must not change until this returns."""
         if not files:
             raise CheckpointError("a checkpoint needs at least one file")
-        base = checkpoint_name(step)
-        entries = {}
-        for name, data in files.items():
+        for name in files:
             safe_key(name)
+            if any(other.startswith(name + "/") for other in files):
+                raise CheckpointError(f"{name}: is both a file and a folder of this checkpoint")
+        base = checkpoint_name(step)
+        entries, tags = {}, {}
+        for name, data in files.items():
+            key = f"{base}/{name}"
             if isinstance(data, (bytes, bytearray, memoryview)):
                 data = bytes(data)
-                self.store.put(f"{base}/{name}", data)
+                self.store.put(key, data)
                 entries[name] = FileEntry(hashlib.sha256(data).hexdigest(), len(data))
             elif isinstance(data, os.PathLike):
-                if not Path(data).is_file():
-                    raise CheckpointError(f"{name}: {os.fspath(data)} is not a file")
-                sha, size = file_digest(data)
-                self.store.put_file(f"{base}/{name}", data)
-                entries[name] = FileEntry(sha, size)
+                entries[name] = self._put_path(name, key, data)
             else:
                 raise CheckpointError(
                     f"{name}: a checkpoint file is bytes or a pathlib.Path, not "
                     f"{type(data).__name__}"
                 )
-        manifest = Manifest(step, total_steps, now, entries, dict(metrics or {}), dict(extra or {}))
+            size, tags[name] = self.store.stat(key)
+            if size != entries[name].size:
+                raise CheckpointError(f"{key}: {size} bytes stored of {entries[name].size} written")
+        manifest = Manifest(
+            step, total_steps, now, entries, dict(metrics or {}), dict(extra or {}), tags
+        )
         self.store.put(f"{base}/{MANIFEST}", manifest.to_json())
         self._verified.add(base)
         self._retain(base)
         return manifest
+
+    def _put_path(self, name: str, key: str, path: os.PathLike[str]) -> FileEntry:
+        """Hash a local file, then store it; refused if it changed in between."""
+        try:
+            before = os.stat(path)
+        except FileNotFoundError as e:
+            raise CheckpointError(
+                f"{name}: {os.fspath(path)} does not exist; write the file before returning "
+                "its path to step_done"
+            ) from e
+        if not Path(path).is_file():
+            raise CheckpointError(f"{name}: {os.fspath(path)} is not a file")
+        sha, size = file_digest(path)
+        self.store.put_file(key, path)
+        after = os.stat(path)
+        if (before.st_size, before.st_mtime_ns) != (size, after.st_mtime_ns) or (
+            after.st_size != size
+        ):
+            raise CheckpointError(
+                f"{name}: {os.fspath(path)} changed while it was being saved; write it "
+                "completely before returning it to step_done, and leave it alone until "
+                "step_done returns"
+            )
+        return FileEntry(sha, size)
 
     def manifests(self) -> list[str]:
         """Checkpoint names that have a manifest, newest (highest step) first."""
@@ -147,9 +183,12 @@ class Checkpoints:
         for fname, entry in m.files.items():
             key = f"{name}/{fname}"
             if self.hash_up_to is not None and entry.size > self.hash_up_to:
-                if self.store.size(key) != entry.size:
+                size, tag = self.store.stat(key)
+                if size != entry.size:
                     raise CheckpointError(f"{key}: size differs from the manifest")
-            elif self.store.digest(key) != (entry.sha256, entry.size):
+                if tag == m.tags.get(fname):
+                    continue  # the very object the save wrote: no need to download it
+            if self.store.digest(key) != (entry.sha256, entry.size):
                 raise CheckpointError(f"{key}: size or sha256 differs from the manifest")
         self._verified.add(name)
         return m
@@ -203,22 +242,28 @@ class Checkpoints:
 
     def load_to(self, manifest: Manifest, directory: str | os.PathLike[str]) -> dict[str, Path]:
         """Download a checkpoint's files into ``directory`` (streamed, never whole in memory),
-        each checked against the manifest; their local paths by name."""
+        each checked against the manifest; their local paths by name. The files are
+        downloaded and checked in a staging folder first, then moved into place: a checkpoint
+        that does not load leaves ``directory`` as it was."""
         root = Path(directory)
-        out: dict[str, Path] = {}
+        root.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".airflow-spot-resume.", dir=root))
         try:
             for fname, entry in manifest.files.items():
-                out[fname] = path = root / safe_key(fname)
+                path = stage / safe_key(fname)
                 self.store.get_file(f"{manifest.name}/{fname}", path)
                 if file_digest(path) != (entry.sha256, entry.size):
                     raise CheckpointError(
                         f"{manifest.name}/{fname}: size or sha256 differs from the manifest"
                     )
-        except BaseException:
-            for path in out.values():  # nothing of a checkpoint that did not load is left
-                path.unlink(missing_ok=True)
-            raise
-        return out
+            out = {}
+            for fname in manifest.files:
+                out[fname] = root / fname
+                out[fname].parent.mkdir(parents=True, exist_ok=True)
+                os.replace(stage / fname, out[fname])
+            return out
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
     def load_latest(self) -> tuple[Manifest, dict[str, bytes]] | None:
         """The newest checkpoint whose files load whole, with its files (read once)."""
@@ -275,6 +320,8 @@ class Checkpoints:
                 for key in self.store.list("ckpt-"):
                     if key.split("/")[0] < oldest:
                         self.store.delete(key)
+                # and what writers killed mid-save left there (temporary files, S3 uploads)
+                self.store.discard_partial("ckpt-", oldest)
         except Exception as e:  # noqa: BLE001 - the checkpoint just saved is complete already
             log.warning("Checkpoint retention after %s did not finish: %s", saved, e)
 

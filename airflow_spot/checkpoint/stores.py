@@ -8,19 +8,23 @@ where one PUT stops at 5 GB), ``size`` reads only metadata, and ``digest`` hashe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
+import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
 
 from airflow_spot.exceptions import CheckpointError, ConfigError
 
 _PART = re.compile(r"^[A-Za-z0-9._-]+$")
 CHUNK = 1 << 20  # bytes read at a time when hashing
+TMP_PREFIX = ".airflow-spot-tmp."  # unfinished writes: never listed, swept by retention
 MULTIPART_FROM = 64 << 20  # S3: a file above this goes up and down in parts
 SINGLE_PUT_MAX = 5 << 30  # S3: the most one PUT takes (bytes above it go in parts)
 
@@ -59,12 +63,35 @@ class Store(Protocol):
     def create(self, key: str, data: bytes) -> bool: ...
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
     def get_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
-    def size(self, key: str) -> int: ...
+    def stat(self, key: str) -> tuple[int, str]: ...
     def digest(self, key: str) -> tuple[str, int]: ...
+    def discard_partial(self, prefix: str, below: str) -> None: ...
 
 
 def _tmp_beside(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """A temporary name beside ``path``, unique per writer (two containers on shared storage
+    may both be pid 1); ``list()`` never shows it and retention sweeps leftovers."""
+    return path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
+def _write_atomically(dest: Path, fill: Callable[[BinaryIO], object], *, sync: bool) -> None:
+    """Write ``dest`` through a temporary file renamed into place: readers see it whole or not."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_beside(dest)
+    try:
+        with open(tmp, "xb") as fh:
+            fill(fh)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _is_partial(name: str) -> bool:
+    """A temporary file of an unfinished write (also the older ``.<name>.tmp-<pid>`` form)."""
+    return name.startswith(TMP_PREFIX) or bool(re.fullmatch(r"\..+\.tmp-\d+", name))
 
 
 class LocalStore:
@@ -78,48 +105,32 @@ class LocalStore:
         return self.root / safe_key(key)
 
     def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _tmp_beside(path)
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _write_atomically(self._path(key), lambda fh: fh.write(data), sync=True)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Copy a local file in (streamed), visible only once whole."""
-        dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _tmp_beside(dest)
-        try:
-            with open(path, "rb") as src, open(tmp, "wb") as fh:
-                shutil.copyfileobj(src, fh, CHUNK)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with open(path, "rb") as src:
+            _write_atomically(
+                self._path(key), lambda fh: shutil.copyfileobj(src, fh, CHUNK), sync=True
+            )
 
     def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Copy ``key`` to a local file (streamed; written beside it, then renamed)."""
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _tmp_beside(dest)
         try:
-            with open(self._path(key), "rb") as src, open(tmp, "wb") as fh:
-                shutil.copyfileobj(src, fh, CHUNK)
-            os.replace(tmp, dest)
+            with open(self._path(key), "rb") as src:
+                _write_atomically(
+                    Path(path), lambda fh: shutil.copyfileobj(src, fh, CHUNK), sync=False
+                )
         except FileNotFoundError as e:
             raise CheckpointError(f"{self.uri}/{key} does not exist") from e
-        finally:
-            tmp.unlink(missing_ok=True)
 
-    def size(self, key: str) -> int:
+    def stat(self, key: str) -> tuple[int, str]:
+        """Size, and a tag that changes whenever the file is written again (inode, mtime)."""
         try:
-            return self._path(key).stat().st_size
+            st = self._path(key).stat()
         except FileNotFoundError as e:
             raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+        return st.st_size, f"{st.st_ino}:{st.st_mtime_ns}"
 
     def digest(self, key: str) -> tuple[str, int]:
         try:
@@ -141,6 +152,19 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
         return True
 
+    def discard_partial(self, prefix: str, below: str) -> None:
+        """Delete what unfinished writes (a writer killed mid-save) left under top-level
+        folders starting with ``prefix`` that sort below ``below``."""
+        for folder in self.root.glob(prefix + "*"):
+            if not folder.is_dir() or folder.name >= below:
+                continue
+            for sub, _dirs, files in os.walk(folder):
+                for name in files:
+                    if _is_partial(name):
+                        path = Path(sub) / name
+                        path.unlink(missing_ok=True)
+                        self._prune(path.parent)
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -154,7 +178,7 @@ class LocalStore:
         for folder, _dirs, files in os.walk(self.root):
             rel = Path(folder).relative_to(self.root)
             for name in files:
-                if name.startswith("."):
+                if _is_partial(name):
                     continue
                 key = (rel / name).as_posix() if rel.parts else name
                 if key.startswith(prefix):
@@ -164,10 +188,14 @@ class LocalStore:
     def delete(self, key: str) -> None:
         path = self._path(key)
         path.unlink(missing_ok=True)
-        parent = path.parent
-        while parent != self.root and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
+        self._prune(path.parent)
+
+    def _prune(self, folder: Path) -> None:
+        """Remove ``folder`` and its parents up to the root while they are empty."""
+        with contextlib.suppress(OSError):  # another writer may be adding to it
+            while folder != self.root and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+                folder = folder.parent
 
 
 def _named(method):
@@ -276,17 +304,31 @@ class S3Store:
             tmp.unlink(missing_ok=True)
 
     @_named
-    def size(self, key: str) -> int:
+    def stat(self, key: str) -> tuple[int, str]:
+        """Size and ETag (a HEAD: nothing is downloaded)."""
         from botocore.exceptions import ClientError
 
         try:
-            return int(
-                self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
-            )
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 raise CheckpointError(f"{self.uri}/{key} does not exist") from e
             raise
+        return int(head["ContentLength"]), str(head["ETag"])
+
+    @_named
+    def discard_partial(self, prefix: str, below: str) -> None:
+        """Abort multipart uploads that a killed writer left (invisible, but billed) under
+        top-level folders starting with ``prefix`` that sort below ``below``."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        for page in self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=base + prefix
+        ):
+            for up in page.get("Uploads", []):
+                if up["Key"][len(base) :].split("/")[0] < below:
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                    )
 
     @_named
     def digest(self, key: str) -> tuple[str, int]:

@@ -325,22 +325,89 @@ def test_files_given_as_paths_are_streamed_and_come_back_as_paths(tmp_path: Path
     )
 
 
-def test_a_watcher_checks_big_files_by_size_and_the_trainer_by_hash(tmp_path: Path) -> None:
-    """The operator and the sensor (``hash_up_to``) read only the size of a file bigger than
-    that, so a multi-GB model is not downloaded at every look; a torn file (wrong size) still
-    fails there, and the training process, which loads the files, hashes them all."""
+def test_a_watcher_reads_a_big_file_only_when_its_tag_changed(tmp_path: Path, monkeypatch) -> None:
+    """The operator and the sensor (``hash_up_to``) check a file bigger than that by the size
+    and tag the save recorded (a stat, a HEAD on S3), so a multi-GB model is not downloaded at
+    every look. A file written again (same size, other bytes: a second writer, a copy) has
+    another tag and is hashed; a small one is always hashed."""
     c = _ckpts(tmp_path)
     c.save(10, {"big": b"x" * 1000, "small": b"s"}, now=1)
+    store = LocalStore(tmp_path / "c")
+    hashed: list[str] = []
+    digest = store.digest
+    monkeypatch.setattr(store, "digest", lambda key: hashed.append(key) or digest(key))
+    watcher = Checkpoints(store, hash_up_to=100)
+    assert watcher.latest_valid().step == 10
+    assert hashed == ["ckpt-000000000010/small"]  # the big one was not read
     path = tmp_path / "c" / "ckpt-000000000010" / "big"
     path.write_bytes(b"y" * 1000)  # same size, other bytes
-    watcher = Checkpoints(LocalStore(tmp_path / "c"), hash_up_to=100)
-    assert watcher.latest_valid().step == 10
-    assert _ckpts(tmp_path).latest_valid() is None  # hashed
-    (tmp_path / "c" / "ckpt-000000000010" / "small").write_bytes(b"t")
-    assert Checkpoints(LocalStore(tmp_path / "c"), hash_up_to=100).latest_valid() is None
-    (tmp_path / "c" / "ckpt-000000000010" / "small").write_bytes(b"s")
+    assert Checkpoints(store, hash_up_to=100).latest_valid() is None
+    path.write_bytes(b"x" * 1000)  # the same bytes again: another tag, hashed, valid
+    hashed.clear()
+    assert Checkpoints(store, hash_up_to=100).latest_valid().step == 10
+    assert "ckpt-000000000010/big" in hashed
     path.write_bytes(b"x" * 999)  # torn
-    assert Checkpoints(LocalStore(tmp_path / "c"), hash_up_to=100).latest_valid() is None
+    assert Checkpoints(store, hash_up_to=100).latest_valid() is None
+
+
+def test_a_file_changed_while_it_is_saved_or_a_name_both_file_and_folder_is_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A model file rewritten between the hash and the copy would leave a manifest that does
+    not match; the save is refused naming the file. A name that is also a folder of another
+    file is refused before anything is written."""
+    from airflow_spot.checkpoint import stores
+
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"a" * 100)
+    put_file = LocalStore.put_file
+
+    def rewrite_then_put(self, key, path):
+        Path(path).write_bytes(b"b" * 100)
+        put_file(self, key, path)
+
+    monkeypatch.setattr(stores.LocalStore, "put_file", rewrite_then_put)
+    with pytest.raises(CheckpointError, match="model.pt: .* changed while it was being saved"):
+        _ckpts(tmp_path).save(1, {"model.pt": model}, now=0)
+    assert _ckpts(tmp_path).manifests() == []
+    with pytest.raises(CheckpointError, match="a: is both a file and a folder"):
+        _ckpts(tmp_path).save(2, {"a": b"1", "a/b": b"2"}, now=0)
+
+
+def test_retention_sweeps_what_a_killed_save_left_and_keeps_user_dot_files(tmp_path: Path) -> None:
+    """A save SIGKILLed mid-copy leaves a temporary file that no listing shows: retention
+    deletes it with the checkpoints older than those it keeps. A file of the checkpoint whose
+    name starts with a dot (torch's ``.metadata``) is an ordinary file: listed, deleted."""
+    c = _ckpts(tmp_path, keep=1)
+    c.save(10, {"shards/.metadata": b"m", "shards/0.pt": b"0"}, now=0)
+    leftover = tmp_path / "c" / "ckpt-000000000020" / ".airflow-spot-tmp.model.pt.1.abcd1234"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half")
+    old_style = tmp_path / "c" / "ckpt-000000000020" / ".w.tmp-77"  # before unique names
+    old_style.write_bytes(b"half")
+    assert c.load(c.latest_valid()) == {"shards/.metadata": b"m", "shards/0.pt": b"0"}
+    assert c.store.list() == [
+        "ckpt-000000000010/MANIFEST.json",
+        "ckpt-000000000010/shards/.metadata",
+        "ckpt-000000000010/shards/0.pt",
+    ]
+    c.save(30, {"w": b"3"}, now=1)
+    c.save(40, {"w": b"4"}, now=2)
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["ckpt-000000000040"]
+
+
+def test_resume_to_leaves_the_folder_as_it_was_when_nothing_loads(tmp_path: Path) -> None:
+    """A torn newest checkpoint and no older one: ``resume_to`` returns (0, None) and the
+    user's own files in the folder are untouched (they could be the only copy)."""
+    c = _ckpts(tmp_path)
+    c.save(10, {"model.pt": b"ckpt", "opt.pt": b"o"}, now=0)
+    (tmp_path / "c" / "ckpt-000000000010" / "opt.pt").unlink()
+    mine = tmp_path / "work"
+    mine.mkdir()
+    (mine / "model.pt").write_bytes(b"my own")
+    assert TrainingSession(str(tmp_path / "c"), total_steps=20).resume_to(mine) == (0, None)
+    assert sorted(p.name for p in mine.iterdir()) == ["model.pt"]
+    assert (mine / "model.pt").read_bytes() == b"my own"
 
 
 @pytest.mark.parametrize("value", ["model.pt", 3, None])
@@ -350,8 +417,10 @@ def test_a_checkpoint_file_that_is_neither_bytes_nor_a_path_is_refused(
     """A str is not taken for a path (it could be meant as text): the error says what is."""
     with pytest.raises(CheckpointError, match="bytes or a pathlib.Path"):
         _ckpts(tmp_path).save(1, {"w": value}, now=0)
-    with pytest.raises(CheckpointError, match="is not a file"):
+    with pytest.raises(CheckpointError, match="missing does not exist"):
         _ckpts(tmp_path).save(1, {"w": tmp_path / "missing"}, now=0)
+    with pytest.raises(CheckpointError, match="is not a file"):
+        _ckpts(tmp_path).save(1, {"w": tmp_path}, now=0)
     assert _ckpts(tmp_path).manifests() == []
 
 

@@ -191,5 +191,26 @@ def test_big_files_go_to_s3_in_parts_and_a_watcher_reads_only_their_size(
     with pytest.raises(CheckpointError, match="does not exist"):
         watcher.store.get_file("ckpt-000000000005/nothing", tmp_path / "n")
     with pytest.raises(CheckpointError, match="does not exist"):
-        watcher.store.size("ckpt-000000000005/nothing")
+        watcher.store.stat("ckpt-000000000005/nothing")
     assert not (tmp_path / "n").exists()
+
+
+def test_retention_aborts_the_upload_a_killed_save_left(s3_server) -> None:
+    """A save killed mid-upload leaves an unfinished multipart upload: invisible to listings
+    but billed. Retention aborts it with the checkpoints older than those it keeps."""
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"])
+    up = client.create_multipart_upload(Bucket="spot-ckpt", Key="torn/ckpt-000000000001/m.pt")
+    client.upload_part(
+        Bucket="spot-ckpt",
+        Key="torn/ckpt-000000000001/m.pt",
+        UploadId=up["UploadId"],
+        PartNumber=1,
+        Body=b"x" * (5 << 20),
+    )
+    c = Checkpoints(open_store("s3://spot-ckpt/torn"), keep=1)
+    c.save(2, {"m.pt": b"2"}, now=0)
+    c.save(3, {"m.pt": b"3"}, now=1)
+    assert (
+        client.list_multipart_uploads(Bucket="spot-ckpt", Prefix="torn/").get("Uploads", []) == []
+    )
+    assert c.manifests() == ["ckpt-000000000003"]
