@@ -143,16 +143,22 @@ class DeadlineAware(Policy):
         plan, model = self.plan(job)
         d = job.changeover_s
         left = job.deadline_s - obs.now
-        slack = left - (job.work_s - obs.done_s)
+        work_left = job.work_s - obs.done_s
+        slack = left - work_left
         up = bool(obs.spot_available)
         bucket = model.bucket(obs.spot_age_s)
         context = model.context_of(obs.last_up_s, obs.last_down_s)
+        # the plan counts whole intervals left: its slack is those intervals less the work
+        # left rounded up (rounding time and slack down apart, a job with less work left than
+        # the part of an interval dropped looked done, and left running on-demand for spot)
+        tau = int(left // plan.tick_s + 1e-9)
+        units = tau * round(plan.tick_s / plan.unit_s) - math.ceil(work_left / plan.unit_s - 1e-9)
         cheap = plan.cheap(
-            int(left // plan.tick_s + 1e-9),
+            tau,
             plan.state(obs.capacity.value, obs.changeover_left_s),
             up,
             context * len(model.edges) + bucket,
-            int(slack // plan.unit_s + 1e-9) if slack >= 0 else -1,
+            units if slack >= 0 else -1,
         )
         age_h = obs.spot_age_s / HOUR
         more = _Expected(model, up, bucket, context)

@@ -294,3 +294,27 @@ def test_plan_cache_keeps_the_newest_files(tmp_path) -> None:
     assert sorted(f.name for f in tmp_path.iterdir()) == ["plan-0.bin", "plan-4.bin", "plan-5.bin"]
     plan_mod.prune(tmp_path, keep=tmp_path / "plan-5.bin", max_bytes=10**9, max_files=1)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["plan-5.bin"]
+
+
+@pytest.mark.parametrize("left_h", [0.1, 0.5, 0.9, 3.0])
+def test_on_demand_with_little_work_left_is_not_left_for_spot(left_h: float) -> None:
+    """A plan coarser than the look (a 6.1 h changeover plans on ~1.5 h intervals) counts
+    whole intervals left. Rounding the time left and the slack down apart made a job with
+    less work left than the dropped part of an interval look done, so it left a running
+    on-demand instance with 0.1 h of work for spot and paid a 6.1 h changeover (found by a
+    PyTorch run: ~15 h of switching). Work left is now rounded up against whole intervals."""
+    job = JobSpec(48 * HOUR, 80 * HOUR, changeover_s=6.1 * HOUR, tick_s=HOUR)
+    policy = DeadlineAware()
+    plan, _ = policy.plan(job)
+    assert plan.tick_s > job.tick_s  # the condition the bug needed
+    obs = Observation(
+        now=62.26 * HOUR,
+        done_s=(48 - left_h) * HOUR,
+        capacity=Capacity.ON_DEMAND,
+        spot_available=True,
+        spot_age_s=1.03 * HOUR,
+        last_up_s=3 * HOUR,
+        last_down_s=2 * HOUR,
+    )
+    d = policy.decide(job, obs)
+    assert (d.capacity, d.rule) == (Capacity.ON_DEMAND, "dp_keep_od"), d.reason
