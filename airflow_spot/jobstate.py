@@ -209,6 +209,13 @@ class JobState:
                         attempt=a.attempt,
                     )
                 )
+            if t_start is not None and a.first_step_at and a.first_step is not None:
+                # the changeover lasts until training began (as the policy measures it): the
+                # process's own start-up and restore (imports, loading the checkpoint) too
+                began = self.market_s(a.first_step_at) - max(1, a.first_step - a.step_start) * (
+                    seconds_per_step
+                )
+                t_start = min(max(t_start, began), t_end)
             launch_end = t_end if t_start is None else t_start
             if launch_end > t_grant:
                 for lo, hi, price in _pieces(t_grant, launch_end, schedule):

@@ -124,3 +124,35 @@ def test_the_xcom_summary_of_a_long_job_stays_small() -> None:
     figures = {k: v for k, v in summary.items() if not isinstance(v, list)}
     figures.pop("decisions_dropped")
     assert figures.items() <= small.items()
+
+
+def test_the_ledger_changeover_lasts_until_training_began() -> None:
+    """The process's own start-up and restore (importing torch, loading a checkpoint) are part
+    of the changeover, as the policy measures it: the ledger's changeover hours run to the
+    first step, not to the process's start (a PyTorch job reported 0.6 h of changeover for
+    ~3 h of start-ups). The cost is the same; only the split moves."""
+    from airflow_spot.jobstate import AttemptRecord
+    from airflow_spot.ledger import Phase
+
+    st = JobState(started_at=0.0, deadline_at=20 * 3600.0)
+    st.attempts.append(
+        AttemptRecord(
+            1,
+            "on_demand",
+            {},
+            launched_at=0.0,
+            launch_began_at=0.0,
+            started_at=600.0,  # the instance is up and the process started
+            step_start=0,
+            first_step=10,  # first seen 2600 s in, 10 steps of 100 s done
+            first_step_at=2600.0,
+            step_end=30,
+            last_step_at=4600.0,
+            ended_at=4600.0,
+            outcome="succeeded",
+            price=3.0,
+        )
+    )
+    led = st.ledger(4600.0, 100.0, 3.0, 3000.0)
+    assert abs(led.hours(phase=Phase.LAUNCHING) - 1600 / 3600) < 1e-9  # to 1600 s, not 600 s
+    assert abs(led.cost - 3.0 * 4600 / 3600) < 1e-9

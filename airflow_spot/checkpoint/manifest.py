@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from airflow_spot.checkpoint.stores import Store, file_digest, safe_key
-from airflow_spot.exceptions import CheckpointError
+from airflow_spot.exceptions import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
@@ -129,7 +129,8 @@ class Checkpoints:
             else:
                 raise CheckpointError(
                     f"{name}: a checkpoint file is bytes or a pathlib.Path, not "
-                    f"{type(data).__name__}"
+                    f"{type(data).__name__}; give Path(...) for a file on disk, or bytes "
+                    "(text.encode()) for its content"
                 )
             size, tags[name] = self.store.stat(key)
             if size != entries[name].size:
@@ -246,8 +247,14 @@ class Checkpoints:
         downloaded and checked in a staging folder first, then moved into place: a checkpoint
         that does not load leaves ``directory`` as it was."""
         root = Path(directory)
-        root.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".airflow-spot-resume.", dir=root))
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            stage = Path(tempfile.mkdtemp(prefix=".airflow-spot-resume.", dir=root))
+        except OSError as e:  # not "this checkpoint is bad": no older one would load either
+            raise ConfigError(
+                "resume_to",
+                f"cannot write into {root} ({e}); give a folder the training process can write",
+            ) from e
         try:
             for fname, entry in manifest.files.items():
                 path = stage / safe_key(fname)

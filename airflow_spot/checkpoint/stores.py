@@ -211,6 +211,14 @@ def _named(method):
             code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code")
             if kind == "S3UploadFailedError" and "NoSuchBucket" in str(e):
                 code = "NoSuchBucket"  # a managed (multipart) upload wraps the ClientError
+            if kind in ("NoCredentialsError", "PartialCredentialsError") and self.training:
+                raise ConfigError(
+                    "checkpoint_uri",
+                    f"the training process has no AWS credentials to reach {self.uri} ({e}): "
+                    "give it some (LocalBackend(extra_env={'AWS_ACCESS_KEY_ID': ..., "
+                    "'AWS_SECRET_ACCESS_KEY': ...}), KubernetesBackend(env_from_secrets=...) or "
+                    "a pod role); the operator's aws_conn_id serves only the Airflow worker",
+                ) from e
             if kind in ("NoCredentialsError", "PartialCredentialsError"):
                 raise ConfigError(
                     "checkpoint_uri",
@@ -233,7 +241,10 @@ class S3Store:
     """``s3://bucket/prefix`` through boto3; endpoint and credentials from the environment
     (``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ...) or a given client."""
 
-    def __init__(self, bucket: str, prefix: str = "", client=None) -> None:
+    def __init__(
+        self, bucket: str, prefix: str = "", client=None, *, training: bool = False
+    ) -> None:
+        self.training = training  # in the training process (says so in its errors)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
@@ -416,13 +427,14 @@ def validate_uri(uri: str, field: str = "checkpoint_uri") -> str:
     return uri
 
 
-def open_store(uri: str, *, s3_client: Any = None) -> Store:
+def open_store(uri: str, *, s3_client: Any = None, training: bool = False) -> Store:
     """The store for a checkpoint URI (a path, ``file://`` or ``s3://bucket/prefix``); an S3
-    client built from an Airflow connection may be given."""
+    client built from an Airflow connection may be given. ``training``: opened by the
+    training process (its errors then give the advice that fits it)."""
     validate_uri(uri)
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, parsed.path, client=s3_client)
+        return S3Store(parsed.netloc, parsed.path, client=s3_client, training=training)
     if parsed.scheme == "file":
         return LocalStore(parsed.path)
     return LocalStore(uri)

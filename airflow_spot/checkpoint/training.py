@@ -21,6 +21,7 @@ file appearing makes the next ``step_done`` save immediately and exit.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from typing import TypeVar
 
 from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
 from airflow_spot.checkpoint.stores import open_store
+from airflow_spot.exceptions import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,23 @@ ENV = {
 }
 NOTICE_ANNOTATION = "airflow-spot/preemption-notice"
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: "stopped on request after saving"
+CONFIG_EXIT = 78  # sysexits' EX_CONFIG: the operator fails the task at once, without retries
 T = TypeVar("T")
+
+
+def _exit_on_config_error(method):
+    """A configuration error (no credentials, no such bucket) stops the training process with
+    :data:`CONFIG_EXIT`, which the operator reads as "fail now": relaunching cannot fix it."""
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except ConfigError as e:
+            log.error("Configuration error, stopping (exit %d): %s", CONFIG_EXIT, e)
+            sys.exit(CONFIG_EXIT)
+
+    return call
 
 
 class TrainingSession:
@@ -66,7 +84,7 @@ class TrainingSession:
     ) -> None:
         if total_steps < 1 or save_every < 1:
             raise ValueError("total_steps and save_every must be >= 1")
-        self.checkpoints = Checkpoints(open_store(checkpoint_uri), keep=keep)
+        self.checkpoints = Checkpoints(open_store(checkpoint_uri, training=True), keep=keep)
         self.total_steps = total_steps
         self.save_every = save_every
         self.notice_file = Path(notice_file) if notice_file else None
@@ -87,9 +105,10 @@ class TrainingSession:
     ) -> TrainingSession:
         uri = checkpoint_uri or os.environ.get(ENV["checkpoint_uri"])
         if not uri:
-            raise SystemExit(
-                f"no checkpoint location: set {ENV['checkpoint_uri']} or pass checkpoint_uri"
+            log.error(
+                "no checkpoint location: set %s or pass checkpoint_uri", ENV["checkpoint_uri"]
             )
+            sys.exit(CONFIG_EXIT)
         session = cls(
             uri,
             total_steps=total_steps,
@@ -109,10 +128,12 @@ class TrainingSession:
 
         signal.signal(signal.SIGTERM, on_term)
 
+    @_exit_on_config_error
     def resume(self) -> tuple[int, dict[str, bytes] | None]:
         """(step to start from, files of the latest valid checkpoint or None), in memory."""
         return self._resumed(self.checkpoints.load_latest())
 
+    @_exit_on_config_error
     def resume_to(self, directory: str | os.PathLike[str]) -> tuple[int, dict[str, Path] | None]:
         """(step to start from, local paths of the latest valid checkpoint's files or None):
         the files are downloaded into ``directory`` in chunks, for models too big to hold twice
@@ -135,6 +156,7 @@ class TrainingSession:
             self.annotations_file, NOTICE_ANNOTATION
         )
 
+    @_exit_on_config_error
     def step_done(
         self,
         step: int,
@@ -145,6 +167,9 @@ class TrainingSession:
         """Call after finishing ``step`` steps. Saves when due (``state()`` gives the files by
         name, as bytes or as paths of local files written for the purpose); exits after saving
         on a notice."""
+        # progress is dated at the step's end, before any save: the operator measures the
+        # rate from these dates, and a save made on a preemption notice is no training time
+        done_at = self.clock()
         stopping = self.notice()
         saved = None
         if stopping or step % self.save_every == 0 or step >= self.total_steps:
@@ -152,7 +177,7 @@ class TrainingSession:
                 step, state(), now=self.clock(), total_steps=self.total_steps, metrics=metrics
             )
             self.last_saved = step
-        self._report(step, metrics)
+        self._report(step, metrics, done_at)
         if stopping and step < self.total_steps:
             log.warning(
                 "Preemption notice: checkpoint at step %d saved; exiting with %d.",
@@ -162,14 +187,14 @@ class TrainingSession:
             sys.exit(PREEMPTED_EXIT)
         return saved
 
-    def _report(self, step: int, metrics: dict[str, float] | None) -> None:
+    def _report(self, step: int, metrics: dict[str, float] | None, at: float) -> None:
         if self.progress_file is None:
             return
         doc = {
             "step": step,
             "total_steps": self.total_steps,
             "checkpoint_step": self.last_saved,
-            "time": self.clock(),
+            "time": at,
             "metrics": metrics or {},
         }
         tmp = self.progress_file.with_name(self.progress_file.name + ".tmp")

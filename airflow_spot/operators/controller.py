@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_spot.backends.base import AttemptStatus, Outcome
 from airflow_spot.backends.local.market import Pools
 from airflow_spot.checkpoint.manifest import WATCH_HASH_UP_TO, Checkpoints, Manifest
+from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import (
     BackendError,
     ConfigError,
@@ -330,6 +331,14 @@ class Controller:
             st.failures,
             self.op.max_failures,
         )
+        if failed and rec.exit_code == CONFIG_EXIT:
+            last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
+            raise ConfigError(
+                "command",
+                f"the training process stopped on a configuration error (exit {CONFIG_EXIT}, "
+                f"attempt {rec.attempt}): {last.strip() or rec.reason}; every launch would stop "
+                "the same way, so none is retried: fix it and clear the task",
+            )
 
     def _complete(self, now: float) -> dict[str, Any] | None:
         """All the work is checkpointed though the attempt has not reported its end yet: stop

@@ -446,3 +446,48 @@ def test_the_example_resumed_through_files_after_sigterm_ends_identical(tmp_path
     a, b = (Checkpoints(LocalStore(tmp_path / d)) for d in ("f", "m"))
     assert a.latest_valid().step == b.latest_valid().step == 300
     assert a.load(a.latest_valid()) == b.load(b.latest_valid())
+
+
+def test_progress_is_dated_at_the_step_end_not_after_the_save(tmp_path: Path, monkeypatch) -> None:
+    """The operator measures seconds per step from the progress reports' dates. A report
+    dated after a slow save on a preemption notice made a PyTorch job's rate look 2.5x slower
+    (1519 s a step) and failed it as infeasible; the date is now the step's end."""
+    now = [1000.0]
+    notice = tmp_path / "NOTICE"
+    s = TrainingSession(
+        str(tmp_path / "c"),
+        total_steps=100,
+        save_every=50,
+        notice_file=str(notice),
+        progress_file=str(tmp_path / "p.json"),
+        clock=lambda: now[0],
+    )
+    save = s.checkpoints.save
+
+    def slow_save(*args, **kwargs):
+        now[0] += 300.0  # a big model takes 5 min to upload
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(s.checkpoints, "save", slow_save)
+    s.step_done(1, lambda: {"w": b"1"})
+    now[0] += 10.0
+    notice.write_text("{}")
+    with pytest.raises(SystemExit):
+        s.step_done(2, lambda: {"w": b"2"})
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert (doc["step"], doc["checkpoint_step"], doc["time"]) == (2, 2, 1010.0)
+
+
+def test_resume_into_a_folder_that_cannot_be_written_stops_the_trainer(tmp_path: Path) -> None:
+    """A resume folder under a file (or read-only) is a configuration error: the trainer stops
+    with exit 78 (the operator fails the task at once) instead of skipping every checkpoint
+    as unloadable and training again from step 0."""
+    c = _ckpts(tmp_path)
+    c.save(10, {"model.pt": b"m"}, now=0)
+    (tmp_path / "file").write_bytes(b"")
+    session = TrainingSession(str(tmp_path / "c"), total_steps=20)
+    with pytest.raises(SystemExit) as e:
+        session.resume_to(tmp_path / "file" / "resume")
+    assert e.value.code == 78
+    with pytest.raises(ConfigError, match="resume_to: cannot write into"):
+        c.load_latest_to(tmp_path / "file" / "resume")

@@ -126,7 +126,7 @@ def test_the_operator_reads_s3_checkpoints_through_its_aws_connection(
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     trace = scripted_trace(tmp_path / "t.json", [(True, 5000)])
 
-    def op(uri: str, **kw) -> SpotTrainingOperator:
+    def op(uri: str, env: dict | None = None, **kw) -> SpotTrainingOperator:
         return SpotTrainingOperator(
             task_id="train",
             command=train_command(20, save_every=5),
@@ -141,7 +141,7 @@ def test_the_operator_reads_s3_checkpoints_through_its_aws_connection(
                 polarity="available",
                 time_scale=1.0,
                 work_dir=str(tmp_path / "runs"),
-                extra_env=dict(s3_server),  # the training process's own credentials
+                extra_env=dict(s3_server) if env is None else env,  # the trainer's own
             ),
             decision_interval=timedelta(seconds=0.5),
             poll_interval=0.05,
@@ -156,6 +156,19 @@ def test_the_operator_reads_s3_checkpoints_through_its_aws_connection(
         op("s3://spot-ckpt/no-conn").execute(make_context(FileTaskStateStore(tmp_path / "b")))
     with pytest.raises(ConfigError, match="aws_conn_id: must be an Airflow connection id"):
         op("s3://spot-ckpt/x", aws_conn_id=3)
+    # the training process without credentials of its own stops with exit 78, which fails
+    # the task at once with the advice that fits it (it used to spend the failure budget
+    # relaunching, and the message told the user to give the operator aws_conn_id)
+    bare = {"AWS_ENDPOINT_URL": s3_server["AWS_ENDPOINT_URL"]}
+    with pytest.raises(ConfigError) as e:
+        op("s3://spot-ckpt/bare", env=bare, aws_conn_id="spot_s3").execute(
+            make_context(FileTaskStateStore(tmp_path / "c"))
+        )
+    assert str(e.value).startswith("command: the training process stopped on a configuration error")
+    assert "the training process has no AWS credentials" in str(e.value)
+    assert "extra_env" in str(e.value)
+    state = json.loads((tmp_path / "c").read_text())
+    assert len(state["airflow_spot_job"]["attempts"]) == 1  # not relaunched
 
 
 def test_big_files_go_to_s3_in_parts_and_a_watcher_reads_only_their_size(
