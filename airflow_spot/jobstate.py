@@ -68,6 +68,8 @@ class JobState:
     finished: dict[str, Any] | None = None
     failed: dict[str, Any] | None = None  # why the task failed for good (error type and message)
     snapshot: dict[str, Any] | None = None  # the live summary the UI shows while the job runs
+    save_s: float | None = None  # wall seconds of the longest checkpoint save reported
+    save_warned: bool = False  # the user was told a save outlasts the preemption grace
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

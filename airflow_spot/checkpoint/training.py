@@ -93,6 +93,7 @@ class TrainingSession:
         self.clock = clock
         self.stop_requested = False
         self.last_saved: int | None = None
+        self.save_s: float | None = None  # the longest save so far (state() and the upload)
 
     @classmethod
     def from_env(
@@ -177,6 +178,7 @@ class TrainingSession:
                 step, state(), now=self.clock(), total_steps=self.total_steps, metrics=metrics
             )
             self.last_saved = step
+            self.save_s = max(self.save_s or 0.0, self.clock() - done_at)  # the slowest
         self._report(step, metrics, done_at)
         if stopping and step < self.total_steps:
             log.warning(
@@ -194,6 +196,7 @@ class TrainingSession:
             "step": step,
             "total_steps": self.total_steps,
             "checkpoint_step": self.last_saved,
+            "save_s": self.save_s,
             "time": at,
             "metrics": metrics or {},
         }

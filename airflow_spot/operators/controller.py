@@ -277,6 +277,29 @@ class Controller:
             if rec.first_step is None:
                 rec.first_step, rec.first_step_at = int(prog["step"]), float(prog["time"])
             rec.step_end, rec.last_step_at = int(prog["step"]), float(prog["time"])
+            if prog.get("save_s") is not None:
+                self._check_save_time(float(prog["save_s"]))
+
+    def _check_save_time(self, save_s: float) -> None:
+        """Warn once when a checkpoint save takes longer than a preempted attempt is given
+        between the notice and the kill: the save on the notice would be cut off."""
+        st = self.state
+        st.save_s = max(st.save_s or 0.0, save_s)
+        grace = getattr(self.backend, "grace_s", None)  # the local backend's; a pod gets its
+        if st.save_warned or grace is None:  # node's (no progress channel there either)
+            return
+        grace += getattr(self.backend, "notice_s", 0.0)
+        if st.save_s <= grace:
+            return
+        st.save_warned = True
+        log.warning(
+            "A checkpoint save took %.1f s, longer than the %.1f s a preempted attempt has "
+            "between the notice and the kill (backend notice_s + grace_s): the save made on a "
+            "notice will be cut off and the steps since the previous save lost. Raise grace_s, "
+            "or save less at a time.",
+            st.save_s,
+            grace,
+        )
 
     def _close(self, rec: AttemptRecord, status: AttemptStatus, now: float) -> None:
         st = self.state

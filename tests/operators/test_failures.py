@@ -390,3 +390,45 @@ def test_a_command_that_never_checkpoints_fails_at_once_naming_the_helper(tmp_pa
     st = store.get(STATE_KEY)
     assert len(st["attempts"]) == 1 and st["failures"] == 1
     assert st["failed"]["error"] == "ConfigError"
+
+
+SLOW_SAVES = """
+import time
+from airflow_spot.checkpoint.training import TrainingSession
+s = TrainingSession.from_env(total_steps=6, save_every=2)
+for step in range(6):
+    time.sleep(0.05)
+    s.step_done(step + 1, lambda: time.sleep(0.6) or {"w": b"x"})
+"""
+
+
+def test_a_save_longer_than_the_preemption_grace_is_warned_about_once(
+    tmp_path: Path, caplog
+) -> None:
+    """The trainer reports its longest save; one longer than the backend's notice + grace
+    would be cut off on every preemption (the steps since the previous save lost), so the
+    task log says so, once (a PyTorch run lost 18, 6 and 24 steps without a word)."""
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(
+        tmp_path,
+        timedelta(seconds=120),
+        command=[sys.executable, "-c", SLOW_SAVES],
+        total_steps=6,
+        expected_compute=timedelta(seconds=5),
+        deferrable=False,
+        decision_interval=timedelta(seconds=0.3),
+        backend=LocalBackend(
+            trace=str(scripted_trace(tmp_path / "t.json", [(True, 5000)])),
+            polarity="available",
+            time_scale=1.0,
+            work_dir=str(tmp_path / "runs"),
+            notice_s=0.1,
+            grace_s=0.3,
+        ),
+    )
+    with caplog.at_level("WARNING", logger="airflow_spot.controller"):
+        op.execute(make_context(store))
+    st = store.get(STATE_KEY)
+    assert st["save_s"] >= 0.6 and st["save_warned"] is True
+    warned = [r.getMessage() for r in caplog.records if "A checkpoint save took" in r.getMessage()]
+    assert len(warned) == 1 and "longer than the 0.4 s" in warned[0]
