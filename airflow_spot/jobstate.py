@@ -17,6 +17,10 @@ from airflow_spot.policy import Capacity
 MAX_DECISIONS = 150
 
 
+def _known(kind: type, d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k in kind.__dataclass_fields__}  # type: ignore[attr-defined]
+
+
 @dataclass
 class AttemptRecord:
     attempt: int
@@ -77,8 +81,10 @@ class JobState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobState:
-        d = dict(d)
-        d["attempts"] = [AttemptRecord(**a) for a in d.get("attempts", [])]
+        """The state as stored; fields this version does not know (written by a newer one,
+        in a rolling deploy or after a rollback) are dropped."""
+        d = _known(cls, d)
+        d["attempts"] = [AttemptRecord(**_known(AttemptRecord, a)) for a in d.get("attempts", [])]
         return cls(**d)
 
     # -- time -----------------------------------------------------------------------------

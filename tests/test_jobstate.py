@@ -156,3 +156,17 @@ def test_the_ledger_changeover_lasts_until_training_began() -> None:
     led = st.ledger(4600.0, 100.0, 3.0, 3000.0)
     assert abs(led.hours(phase=Phase.LAUNCHING) - 1600 / 3600) < 1e-9  # to 1600 s, not 600 s
     assert abs(led.cost - 3.0 * 4600 / 3600) < 1e-9
+
+
+def test_a_state_written_by_a_newer_version_loads() -> None:
+    """In a rolling deploy (or after a rollback) a worker may read a task state that a newer
+    version wrote: fields it does not know are dropped, not a TypeError on every try."""
+    st = JobState(started_at=0.0, deadline_at=3600.0)
+    from airflow_spot.jobstate import AttemptRecord
+
+    st.attempts.append(AttemptRecord(1, "spot", {}, launched_at=0.0))
+    d = st.to_dict()
+    d["a_later_field"] = 1
+    d["attempts"][0]["another_one"] = "x"
+    back = JobState.from_dict(d)
+    assert back.attempts[0].capacity == "spot" and back.deadline_at == 3600.0

@@ -247,6 +247,8 @@ class Checkpoints:
         downloaded and checked in a staging folder first, then moved into place: a checkpoint
         that does not load leaves ``directory`` as it was."""
         root = Path(directory)
+        for stale in root.glob(".airflow-spot-resume.*"):  # a resume killed mid-download
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             root.mkdir(parents=True, exist_ok=True)
             stage = Path(tempfile.mkdtemp(prefix=".airflow-spot-resume.", dir=root))

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -22,9 +24,11 @@ from urllib.parse import urlparse
 
 from airflow_spot.exceptions import CheckpointError, ConfigError
 
+log = logging.getLogger(__name__)
 _PART = re.compile(r"^[A-Za-z0-9._-]+$")
 CHUNK = 1 << 20  # bytes read at a time when hashing
 TMP_PREFIX = ".airflow-spot-tmp."  # unfinished writes: never listed, swept by retention
+CREDENTIALS_WAIT_ENV = "AIRFLOW_SPOT_CREDENTIALS_WAIT_S"  # a trainer's wait for AWS credentials
 MULTIPART_FROM = 64 << 20  # S3: a file above this goes up and down in parts
 SINGLE_PUT_MAX = 5 << 30  # S3: the most one PUT takes (bytes above it go in parts)
 
@@ -92,6 +96,12 @@ def _write_atomically(dest: Path, fill: Callable[[BinaryIO], object], *, sync: b
 def _is_partial(name: str) -> bool:
     """A temporary file of an unfinished write (also the older ``.<name>.tmp-<pid>`` form)."""
     return name.startswith(TMP_PREFIX) or bool(re.fullmatch(r"\..+\.tmp-\d+", name))
+
+
+def _not_ours(name: str) -> bool:
+    """What ``list()`` leaves out: unfinished writes, and NFS's ``.nfsXXXX`` stand-ins for
+    deleted files still open somewhere (busy until closed; NFS removes them itself)."""
+    return _is_partial(name) or name.startswith(".nfs")
 
 
 class LocalStore:
@@ -178,7 +188,7 @@ class LocalStore:
         for folder, _dirs, files in os.walk(self.root):
             rel = Path(folder).relative_to(self.root)
             for name in files:
-                if _is_partial(name):
+                if _not_ours(name):
                     continue
                 key = (rel / name).as_posix() if rel.parts else name
                 if key.startswith(prefix):
@@ -245,6 +255,7 @@ class S3Store:
         self, bucket: str, prefix: str = "", client=None, *, training: bool = False
     ) -> None:
         self.training = training  # in the training process (says so in its errors)
+        self._no_upload_listing = False
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
@@ -256,7 +267,14 @@ class S3Store:
             import boto3
 
             # a session of its own: boto3's default one keeps the credentials it first found
-            self._client = boto3.session.Session().client(
+            session = boto3.session.Session()
+            if self.training:  # a spot node just up may not serve its role's credentials yet:
+                # wait a little rather than fail the task for good (exit 78)
+                until = time.monotonic() + float(os.environ.get(CREDENTIALS_WAIT_ENV, "30"))
+                while session.get_credentials() is None and time.monotonic() < until:
+                    time.sleep(min(5.0, max(0.0, until - time.monotonic())))
+                    session = boto3.session.Session()
+            self._client = session.client(
                 "s3",
                 endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
                 or os.environ.get("AWS_ENDPOINT_URL"),
@@ -331,15 +349,31 @@ class S3Store:
     def discard_partial(self, prefix: str, below: str) -> None:
         """Abort multipart uploads that a killed writer left (invisible, but billed) under
         top-level folders starting with ``prefix`` that sort below ``below``."""
+        from botocore.exceptions import ClientError
+
+        if self._no_upload_listing:
+            return
         base = f"{self.prefix}/" if self.prefix else ""
-        for page in self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=base + prefix
-        ):
-            for up in page.get("Uploads", []):
-                if up["Key"][len(base) :].split("/")[0] < below:
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
-                    )
+        try:
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=base + prefix
+            ):
+                for up in page.get("Uploads", []):
+                    if up["Key"][len(base) :].split("/")[0] < below:
+                        self.client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                        )
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in ("AccessDenied", "403"):
+                raise
+            self._no_upload_listing = True  # said once, not at every save
+            log.warning(
+                "%s: not allowed to list or abort unfinished multipart uploads (%s); uploads "
+                "cut off by a kill stay until a lifecycle rule (AbortIncompleteMultipartUpload) "
+                "removes them. Grant s3:ListBucketMultipartUploads and s3:AbortMultipartUpload.",
+                self.uri,
+                e,
+            )
 
     @_named
     def digest(self, key: str) -> tuple[str, int]:

@@ -491,3 +491,24 @@ def test_resume_into_a_folder_that_cannot_be_written_stops_the_trainer(tmp_path:
     assert e.value.code == 78
     with pytest.raises(ConfigError, match="resume_to: cannot write into"):
         c.load_latest_to(tmp_path / "file" / "resume")
+
+
+def test_resume_to_clears_the_staging_a_killed_resume_left_and_list_skips_nfs_files(
+    tmp_path: Path,
+) -> None:
+    """A resume killed mid-download leaves its staging folder in the (fixed) resume folder;
+    the next resume deletes it rather than keep GBs of stale downloads. NFS's ``.nfsXXXX``
+    stand-ins for deleted files still open are not checkpoint files (deleting one fails while
+    it is busy)."""
+    c = _ckpts(tmp_path)
+    c.save(10, {"model.pt": b"m"}, now=0)
+    stale = tmp_path / "r" / ".airflow-spot-resume.abcd1234"
+    stale.mkdir(parents=True)
+    (stale / "model.pt").write_bytes(b"half")
+    step, files = TrainingSession(str(tmp_path / "c"), total_steps=20).resume_to(tmp_path / "r")
+    assert step == 10 and sorted(p.name for p in (tmp_path / "r").iterdir()) == ["model.pt"]
+    (tmp_path / "c" / "ckpt-000000000010" / ".nfs000000001234").write_bytes(b"busy")
+    assert c.store.list("ckpt-000000000010/") == [
+        "ckpt-000000000010/MANIFEST.json",
+        "ckpt-000000000010/model.pt",
+    ]

@@ -159,7 +159,10 @@ def test_the_operator_reads_s3_checkpoints_through_its_aws_connection(
     # the training process without credentials of its own stops with exit 78, which fails
     # the task at once with the advice that fits it (it used to spend the failure budget
     # relaunching, and the message told the user to give the operator aws_conn_id)
-    bare = {"AWS_ENDPOINT_URL": s3_server["AWS_ENDPOINT_URL"]}
+    bare = {
+        "AWS_ENDPOINT_URL": s3_server["AWS_ENDPOINT_URL"],
+        "AIRFLOW_SPOT_CREDENTIALS_WAIT_S": "0",  # no wait for credentials that never come
+    }
     with pytest.raises(ConfigError) as e:
         op("s3://spot-ckpt/bare", env=bare, aws_conn_id="spot_s3").execute(
             make_context(FileTaskStateStore(tmp_path / "c"))
@@ -227,3 +230,54 @@ def test_retention_aborts_the_upload_a_killed_save_left(s3_server) -> None:
         client.list_multipart_uploads(Bucket="spot-ckpt", Prefix="torn/").get("Uploads", []) == []
     )
     assert c.manifests() == ["ckpt-000000000003"]
+
+
+def test_a_trainer_waits_for_credentials_a_new_node_has_not_served_yet(
+    s3_server, monkeypatch
+) -> None:
+    """A spot node just up may answer for its role's credentials a few seconds late; the
+    training process waits (up to $AIRFLOW_SPOT_CREDENTIALS_WAIT_S) instead of failing the
+    task for good with exit 78."""
+    import threading
+
+    from airflow_spot.checkpoint.training import TrainingSession
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AIRFLOW_SPOT_CREDENTIALS_WAIT_S", "20")
+
+    def served() -> None:
+        os.environ["AWS_ACCESS_KEY_ID"] = s3_server["AWS_ACCESS_KEY_ID"]
+        os.environ["AWS_SECRET_ACCESS_KEY"] = s3_server["AWS_SECRET_ACCESS_KEY"]
+
+    timer = threading.Timer(1.0, served)
+    timer.start()
+    try:
+        assert TrainingSession("s3://spot-ckpt/late-creds", total_steps=5).resume() == (0, None)
+    finally:
+        timer.cancel()
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ[k] = s3_server[k]
+
+
+def test_a_role_without_multipart_listing_is_told_once(caplog) -> None:
+    """Retention aborts killed uploads; a least-privilege role may not list them. That is
+    said once in the log, and saves go on (it was an error at every save)."""
+    from botocore.stub import Stubber
+
+    client = boto3.client(
+        "s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    store = S3Store("spot-ckpt", "p", client=client)
+    with Stubber(client) as stub:
+        stub.add_client_error(
+            "list_multipart_uploads", service_error_code="AccessDenied", http_status_code=403
+        )
+        with caplog.at_level("WARNING"):
+            store.discard_partial("ckpt-", "ckpt-000000000002")
+            store.discard_partial("ckpt-", "ckpt-000000000003")  # no call: the stub has none
+    said = [r for r in caplog.records if "s3:ListBucketMultipartUploads" in r.getMessage()]
+    assert len(said) == 1
