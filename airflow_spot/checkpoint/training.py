@@ -175,7 +175,7 @@ class TrainingSession:
         saved = None
         if stopping or step % self.save_every == 0 or step >= self.total_steps:
             saved = self.checkpoints.save(
-                step, state(), now=self.clock(), total_steps=self.total_steps, metrics=metrics
+                step, state(), now=done_at, total_steps=self.total_steps, metrics=metrics
             )
             self.last_saved = step
             self.save_s = max(self.save_s or 0.0, self.clock() - done_at)  # the slowest

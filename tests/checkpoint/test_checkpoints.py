@@ -476,6 +476,8 @@ def test_progress_is_dated_at_the_step_end_not_after_the_save(tmp_path: Path, mo
         s.step_done(2, lambda: {"w": b"2"})
     doc = json.loads((tmp_path / "p.json").read_text())
     assert (doc["step"], doc["checkpoint_step"], doc["time"]) == (2, 2, 1010.0)
+    # on Kubernetes progress is read from the manifests: dated the same way
+    assert s.checkpoints.latest_manifest().created == 1010.0
 
 
 def test_resume_into_a_folder_that_cannot_be_written_stops_the_trainer(tmp_path: Path) -> None:
