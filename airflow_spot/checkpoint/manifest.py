@@ -94,7 +94,7 @@ class Checkpoints:
             raise CheckpointError(f"keep must be >= 1, got {keep}")
         self.store = store
         self.keep = keep
-        self.hash_up_to = hash_up_to  # bigger files are verified by size only; None: hash all
+        self.hash_up_to = hash_up_to  # bigger files: size and store tag (hashed if the tag moved)
         self._verified: set[str] = set()  # names saved or verified by this instance
 
     def save(
