@@ -20,15 +20,15 @@ def resolve(name: str) -> str:
 def names() -> list[str]:
     """The bundled traces, as ``bundled:<name>``: folders of windows, and single trace files
     (not the price and reference-result samples beside them)."""
-    out = []
-    for path in sorted(ROOT.rglob("*")):
-        if path.is_dir() and any(f.suffix == ".json" for f in path.iterdir()):
-            if all(f.stem.isdigit() for f in path.iterdir() if f.suffix == ".json"):
-                out.append(PREFIX + path.relative_to(ROOT).as_posix())
-        elif (
+
+    def is_trace(path: Path) -> bool:
+        if path.is_dir():  # a folder of windows
+            windows = list(path.glob("*.json"))
+            return bool(windows) and all(f.stem.isdigit() for f in windows)
+        return (
             path.suffix in (".json", ".csv")
             and not path.stem.isdigit()
             and not any(w in path.stem for w in ("price", "result"))
-        ):
-            out.append(PREFIX + path.relative_to(ROOT).as_posix())
-    return out
+        )
+
+    return [PREFIX + p.relative_to(ROOT).as_posix() for p in sorted(ROOT.rglob("*")) if is_trace(p)]

@@ -172,16 +172,20 @@ class JobState:
         seen, less the steps it reports since the attempt's start (one look, or on Kubernetes
         one checkpoint, may hold many)."""
         vals = [
-            max(
-                0.0,
-                self.market_s(a.first_step_at)
-                - self.market_s(a.launch_began_at or a.launched_at)
-                - max(1, a.first_step - a.step_start) * seconds_per_step,
-            )
+            max(0.0, began - self.market_s(a.launch_began_at or a.launched_at))
             for a in self.attempts
-            if a.first_step_at is not None and a.first_step is not None
+            if (began := self._training_began_s(a, seconds_per_step)) is not None
         ]
         return sum(vals) / len(vals) if vals else None
+
+    def _training_began_s(self, a: AttemptRecord, seconds_per_step: float) -> float | None:
+        """Market seconds at which ``a`` began training: its first progress seen, less the
+        steps that report holds (None before any progress)."""
+        if a.first_step_at is None or a.first_step is None:
+            return None
+        return self.market_s(a.first_step_at) - max(1, a.first_step - a.step_start) * (
+            seconds_per_step
+        )
 
     # -- the ledger -------------------------------------------------------------------------
     def ledger(
@@ -217,12 +221,10 @@ class JobState:
                         attempt=a.attempt,
                     )
                 )
-            if t_start is not None and a.first_step_at and a.first_step is not None:
+            began = self._training_began_s(a, seconds_per_step)
+            if t_start is not None and began is not None:
                 # the changeover lasts until training began (as the policy measures it): the
                 # process's own start-up and restore (imports, loading the checkpoint) too
-                began = self.market_s(a.first_step_at) - max(1, a.first_step - a.step_start) * (
-                    seconds_per_step
-                )
                 t_start = min(max(t_start, began), t_end)
             launch_end = t_end if t_start is None else t_start
             if launch_end > t_grant:

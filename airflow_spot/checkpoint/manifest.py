@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ T = TypeVar("T")
 # what a watcher (operator, sensor) always hashes: a bigger file whose size and store tag are
 # those the save recorded is the very object written; the training process hashes everything
 WATCH_HASH_UP_TO = 64 << 20
+RESUME_STAGE = ".airflow-spot-resume."  # resume_to's staging folder inside the user's folder
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,11 @@ class Checkpoints:
         self.hash_up_to = hash_up_to  # bigger files: size and store tag (hashed if the tag moved)
         self._verified: set[str] = set()  # names saved or verified by this instance
 
+    @classmethod
+    def watching(cls, store: Store) -> Checkpoints:
+        """For a watcher (the operator, the sensor): big files checked by size and tag."""
+        return cls(store, hash_up_to=WATCH_HASH_UP_TO)
+
     def save(
         self,
         step: int,
@@ -152,13 +159,13 @@ class Checkpoints:
                 f"{name}: {os.fspath(path)} does not exist; write the file before returning "
                 "its path to step_done"
             ) from e
-        if not Path(path).is_file():
+        if not stat.S_ISREG(before.st_mode):
             raise CheckpointError(f"{name}: {os.fspath(path)} is not a file")
         sha, size = file_digest(path)
         self.store.put_file(key, path)
         after = os.stat(path)
-        if (before.st_size, before.st_mtime_ns) != (size, after.st_mtime_ns) or (
-            after.st_size != size
+        if not (
+            before.st_size == size == after.st_size and before.st_mtime_ns == after.st_mtime_ns
         ):
             raise CheckpointError(
                 f"{name}: {os.fspath(path)} changed while it was being saved; write it "
@@ -181,8 +188,14 @@ class Checkpoints:
     def verify(self, name: str) -> Manifest:
         """The manifest of ``name`` if every file matches it; raises CheckpointError otherwise."""
         m = self.read_manifest(name)
+        self._check(m)
+        self._verified.add(name)
+        return m
+
+    def _check(self, m: Manifest) -> None:
+        """Raise CheckpointError unless every file of ``m`` is as the save wrote it."""
         for fname, entry in m.files.items():
-            key = f"{name}/{fname}"
+            key = f"{m.name}/{fname}"
             if self.hash_up_to is not None and entry.size > self.hash_up_to:
                 size, tag = self.store.stat(key)
                 if size != entry.size:
@@ -191,17 +204,11 @@ class Checkpoints:
                     continue  # the very object the save wrote: no need to download it
             if self.store.digest(key) != (entry.sha256, entry.size):
                 raise CheckpointError(f"{key}: size or sha256 differs from the manifest")
-        self._verified.add(name)
-        return m
 
     def latest_valid(self) -> Manifest | None:
         """The newest complete checkpoint whose files match their hashes (None if there is none)."""
-        for name in self.manifests():
-            try:
-                return self.verify(name)
-            except CheckpointError as e:
-                log.warning("Skipping checkpoint %s: %s; trying the one before it.", name, e)
-        return None
+        found = self._first_loadable(self._check)
+        return None if found is None else found[0]
 
     def latest_manifest(self) -> Manifest | None:
         """The newest readable manifest, without hashing files (cheap progress probe)."""
@@ -247,11 +254,11 @@ class Checkpoints:
         downloaded and checked in a staging folder first, then moved into place: a checkpoint
         that does not load leaves ``directory`` as it was."""
         root = Path(directory)
-        for stale in root.glob(".airflow-spot-resume.*"):  # a resume killed mid-download
+        for stale in root.glob(RESUME_STAGE + "*"):  # left by a resume killed mid-download
             shutil.rmtree(stale, ignore_errors=True)
         try:
             root.mkdir(parents=True, exist_ok=True)
-            stage = Path(tempfile.mkdtemp(prefix=".airflow-spot-resume.", dir=root))
+            stage = Path(tempfile.mkdtemp(prefix=RESUME_STAGE, dir=root))
         except OSError as e:  # not "this checkpoint is bad": no older one would load either
             raise ConfigError(
                 "resume_to",

@@ -3,7 +3,7 @@
 A store maps keys (``/``-separated relative paths) to bytes. Keys never escape the
 configured prefix: absolute keys, ``..`` and empty parts are refused. Large checkpoint files
 go through files, never whole in memory: ``put_file``/``get_file`` stream (multipart on S3,
-where one PUT stops at 5 GB), ``size`` reads only metadata, and ``digest`` hashes in chunks.
+where one PUT stops at 5 GB), ``stat`` reads only metadata, and ``digest`` hashes in chunks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
@@ -104,6 +104,24 @@ def _not_ours(name: str) -> bool:
     return _is_partial(name) or name.startswith(".nfs")
 
 
+def _code(e: BaseException) -> str | None:
+    """The error code of a botocore ClientError (None for anything else)."""
+    return (getattr(e, "response", None) or {}).get("Error", {}).get("Code")
+
+
+@contextlib.contextmanager
+def _must_exist(uri: str, key: str) -> Iterator[None]:
+    """A missing key (a missing file, S3's 404/NoSuchKey) as a CheckpointError naming it."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{uri}/{key} does not exist") from e
+    except Exception as e:
+        if _code(e) in ("404", "NoSuchKey"):
+            raise CheckpointError(f"{uri}/{key} does not exist") from e
+        raise
+
+
 class LocalStore:
     """A directory; writes go to a temporary file renamed into place (atomic on POSIX)."""
 
@@ -126,27 +144,18 @@ class LocalStore:
 
     def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Copy ``key`` to a local file (streamed; written beside it, then renamed)."""
-        try:
-            with open(self._path(key), "rb") as src:
-                _write_atomically(
-                    Path(path), lambda fh: shutil.copyfileobj(src, fh, CHUNK), sync=False
-                )
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
+        with _must_exist(self.uri, key), open(self._path(key), "rb") as src:
+            _write_atomically(Path(path), lambda fh: shutil.copyfileobj(src, fh, CHUNK), sync=False)
 
     def stat(self, key: str) -> tuple[int, str]:
         """Size, and a tag that changes whenever the file is written again (inode, mtime)."""
-        try:
+        with _must_exist(self.uri, key):
             st = self._path(key).stat()
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
         return st.st_size, f"{st.st_ino}:{st.st_mtime_ns}"
 
     def digest(self, key: str) -> tuple[str, int]:
-        try:
+        with _must_exist(self.uri, key):
             return file_digest(self._path(key))
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
 
     def create(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if it does not exist (atomically); False if it already did."""
@@ -176,10 +185,8 @@ class LocalStore:
                         self._prune(path.parent)
 
     def get(self, key: str) -> bytes:
-        try:
+        with _must_exist(self.uri, key):
             return self._path(key).read_bytes()
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
 
     def list(self, prefix: str = "") -> list[str]:
         """Keys under ``prefix``; safe while a writer adds and retention deletes (os.walk skips
@@ -218,21 +225,18 @@ def _named(method):
             return method(self, *args, **kwargs)
         except Exception as e:
             kind = type(e).__name__
-            code = (getattr(e, "response", None) or {}).get("Error", {}).get("Code")
+            code = _code(e)
             if kind == "S3UploadFailedError" and "NoSuchBucket" in str(e):
                 code = "NoSuchBucket"  # a managed (multipart) upload wraps the ClientError
-            if kind in ("NoCredentialsError", "PartialCredentialsError") and self.training:
+            if kind in ("NoCredentialsError", "PartialCredentialsError"):
                 raise ConfigError(
                     "checkpoint_uri",
                     f"the training process has no AWS credentials to reach {self.uri} ({e}): "
                     "give it some (LocalBackend(extra_env={'AWS_ACCESS_KEY_ID': ..., "
                     "'AWS_SECRET_ACCESS_KEY': ...}), KubernetesBackend(env_from_secrets=...) or "
-                    "a pod role); the operator's aws_conn_id serves only the Airflow worker",
-                ) from e
-            if kind in ("NoCredentialsError", "PartialCredentialsError"):
-                raise ConfigError(
-                    "checkpoint_uri",
-                    f"no AWS credentials to reach {self.uri} ({e}): give the operator "
+                    "a pod role); the operator's aws_conn_id serves only the Airflow worker"
+                    if self.training
+                    else f"no AWS credentials to reach {self.uri} ({e}): give the operator "
                     "aws_conn_id (an Airflow AWS connection), or give this process credentials "
                     "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance or pod role)",
                 ) from e
@@ -315,34 +319,23 @@ class S3Store:
     @_named
     def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Download ``key`` to a local file (in parts; written beside it, then renamed)."""
-        from botocore.exceptions import ClientError
-
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = _tmp_beside(dest)
         try:
-            self.client.download_file(
-                self.bucket, self._key(key), os.fspath(tmp), Config=self._transfer()
-            )
+            with _must_exist(self.uri, key):
+                self.client.download_file(
+                    self.bucket, self._key(key), os.fspath(tmp), Config=self._transfer()
+                )
             os.replace(tmp, dest)
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                raise CheckpointError(f"{self.uri}/{key} does not exist") from e
-            raise
         finally:
             tmp.unlink(missing_ok=True)
 
     @_named
     def stat(self, key: str) -> tuple[int, str]:
         """Size and ETag (a HEAD: nothing is downloaded)."""
-        from botocore.exceptions import ClientError
-
-        try:
+        with _must_exist(self.uri, key):
             head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                raise CheckpointError(f"{self.uri}/{key} does not exist") from e
-            raise
         return int(head["ContentLength"]), str(head["ETag"])
 
     @_named
@@ -364,7 +357,7 @@ class S3Store:
                             Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
                         )
         except ClientError as e:
-            if e.response.get("Error", {}).get("Code") not in ("AccessDenied", "403"):
+            if _code(e) not in ("AccessDenied", "403"):
                 raise
             self._no_upload_listing = True  # said once, not at every save
             log.warning(
@@ -377,10 +370,8 @@ class S3Store:
 
     @_named
     def digest(self, key: str) -> tuple[str, int]:
-        try:
+        with _must_exist(self.uri, key):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        except self.client.exceptions.NoSuchKey as e:
-            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
         h, n = hashlib.sha256(), 0
         for chunk in body.iter_chunks(CHUNK):
             h.update(chunk)
@@ -399,7 +390,7 @@ class S3Store:
                 )
                 return True
             except ClientError as e:
-                code = e.response.get("Error", {}).get("Code")
+                code = _code(e)
                 if code in ("PreconditionFailed", "412"):
                     return False
                 if code in ("ConditionalRequestConflict", "409"):
@@ -417,10 +408,8 @@ class S3Store:
 
     @_named
     def get(self, key: str) -> bytes:
-        try:
+        with _must_exist(self.uri, key):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except self.client.exceptions.NoSuchKey as e:
-            raise CheckpointError(f"{self.uri}/{key} does not exist") from e
 
     @_named
     def list(self, prefix: str = "") -> list[str]:

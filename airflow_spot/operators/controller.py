@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome
 from airflow_spot.backends.local.market import Pools
-from airflow_spot.checkpoint.manifest import WATCH_HASH_UP_TO, Checkpoints, Manifest
+from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
 from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import (
     BackendError,
@@ -53,7 +53,7 @@ class Controller:
         self.backend = op._backend()
         self.pools = Pools.load(state.market) if state.market else None
         self.checkpoint_uri = str(op.checkpoint_uri)
-        self.checkpoints = Checkpoints(op.checkpoint_store(), hash_up_to=WATCH_HASH_UP_TO)
+        self.checkpoints = Checkpoints.watching(op.checkpoint_store())
         self.policy = get_policy(op.policy)
         if plan_mod.CACHE_DIR is None:  # a deferred task resumes in a new process: keep plans
             plan_mod.CACHE_DIR = os.environ.get("AIRFLOW_SPOT_PLAN_CACHE") or os.path.join(
@@ -285,8 +285,10 @@ class Controller:
         between the notice and the kill: the save on the notice would be cut off."""
         st = self.state
         st.save_s = max(st.save_s or 0.0, save_s)
-        grace = getattr(self.backend, "grace_s", None)  # the local backend's; a pod gets its
-        if st.save_warned or grace is None:  # node's (no progress channel there either)
+        # the local backend's notice + grace; a pod's grace is its node's (and the pod has no
+        # progress channel to report save times on)
+        grace = getattr(self.backend, "grace_s", None)
+        if st.save_warned or grace is None:
             return
         grace += getattr(self.backend, "notice_s", 0.0)
         if st.save_s <= grace:

@@ -253,7 +253,7 @@ class SpotTrainingOperator(BaseOperator):
         would report 100 % savings); partial work is resumed, with a warning. Another map
         index of this task in this run training into the same location is an error (each
         would resume from the other's checkpoints)."""
-        from airflow_spot.checkpoint.manifest import WATCH_HASH_UP_TO, Checkpoints
+        from airflow_spot.checkpoint.manifest import Checkpoints
 
         ti = context["ti"]
         me = {k: getattr(ti, k, None) for k in ("dag_id", "task_id", "run_id", "map_index")}
@@ -263,7 +263,7 @@ class SpotTrainingOperator(BaseOperator):
             if mapped
             else "template it per run (e.g. '.../{{ ds }}' or '.../{{ run_id }}')"
         )
-        ckpts = Checkpoints(self.checkpoint_store(), hash_up_to=WATCH_HASH_UP_TO)
+        ckpts = Checkpoints.watching(self.checkpoint_store())
         # one record per task and run, claimed in one conditional write: of two map indexes
         # starting together exactly one gets it, whatever earlier runs left here
         run = hashlib.sha1(f"{me['dag_id']}/{me['task_id']}/{me['run_id']}".encode())

@@ -19,14 +19,13 @@ def find_checkpoint(
 ) -> dict[str, Any] | None:
     """The newest valid checkpoint meeting the bounds, as a manifest dict (None if there is none)."""
     from airflow_spot.checkpoint import Checkpoints, open_store
-    from airflow_spot.checkpoint.manifest import WATCH_HASH_UP_TO
 
     client = None
     if uri.startswith("s3://") and aws_conn_id:
         from airflow_spot.hooks.aws import SpotMarketHook
 
         client = SpotMarketHook(aws_conn_id=aws_conn_id).s3_client()
-    m = Checkpoints(open_store(uri, s3_client=client), hash_up_to=WATCH_HASH_UP_TO).latest_valid()
+    m = Checkpoints.watching(open_store(uri, s3_client=client)).latest_valid()
     if (
         m is None
         or (min_step is not None and m.step < min_step)
