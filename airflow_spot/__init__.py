@@ -36,7 +36,11 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": "Spot training",
-                "python-modules": ["airflow_spot.triggers.local", "airflow_spot.triggers.sensors"],
+                "python-modules": [
+                    "airflow_spot.triggers.attempt",
+                    "airflow_spot.triggers.local",
+                    "airflow_spot.triggers.sensors",
+                ],
             }
         ],
         "sensors": [

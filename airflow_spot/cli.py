@@ -16,18 +16,9 @@ import time
 from pathlib import Path
 
 from airflow_spot import bundled
+from airflow_spot.durations import parse_hours
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
-
-_UNITS = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0, "d": 24.0}
-
-
-def parse_hours(text: str, field: str = "duration") -> float:
-    """``'48h'``, ``'90m'``, ``'0.2h'``, ``'2d'``, ``'600s'`` (or a bare number of hours) -> hours."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d)?\s*", str(text))
-    if not m:
-        raise ConfigError(field, f"{text!r} is not a duration; write e.g. 48h, 90m, 600s or 2d")
-    return float(m.group(1)) * _UNITS[m.group(2) or "h"]
 
 
 def _hours_arg(field: str):

@@ -28,7 +28,7 @@ class AttemptRecord:
     handle: dict[str, Any]
     launched_at: float
     step_start: int = 0
-    launch_began_at: float | None = None  # spot: when capacity was granted (waiting before)
+    granted_at: float | None = None  # when capacity was granted (a spot request waits before)
     started_at: float | None = None  # training process started: changeover over
     ended_at: float | None = None
     outcome: str | None = None
@@ -44,6 +44,13 @@ class AttemptRecord:
     first_step: int | None = None  # first progress report seen (steady-state throughput)
     first_step_at: float | None = None
     last_step_at: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttemptRecord:
+        """A stored attempt (``launch_began_at``: the name 0.1.0 stored ``granted_at`` under)."""
+        if "launch_began_at" in d and "granted_at" not in d:
+            d = {**d, "granted_at": d["launch_began_at"]}
+        return cls(**_known(cls, d))
 
 
 @dataclass
@@ -84,7 +91,7 @@ class JobState:
         """The state as stored; fields this version does not know (written by a newer one,
         in a rolling deploy or after a rollback) are dropped."""
         d = _known(cls, d)
-        d["attempts"] = [AttemptRecord(**_known(AttemptRecord, a)) for a in d.get("attempts", [])]
+        d["attempts"] = [AttemptRecord.from_dict(a) for a in d.get("attempts", [])]
         return cls(**d)
 
     # -- time -----------------------------------------------------------------------------
@@ -172,7 +179,7 @@ class JobState:
         seen, less the steps it reports since the attempt's start (one look, or on Kubernetes
         one checkpoint, may hold many)."""
         vals = [
-            max(0.0, began - self.market_s(a.launch_began_at or a.launched_at))
+            max(0.0, began - self.market_s(a.granted_at or a.launched_at))
             for a in self.attempts
             if (began := self._training_began_s(a, seconds_per_step)) is not None
         ]
@@ -200,8 +207,8 @@ class JobState:
             t_launch = self.market_s(a.launched_at)
             t_start = self.market_s(a.started_at) if a.started_at else None
             t_end = self.market_s(a.ended_at or now)
-            if a.launch_began_at:
-                t_grant = self.market_s(a.launch_began_at)
+            if a.granted_at:
+                t_grant = self.market_s(a.granted_at)
             else:  # never granted (a request that waited for capacity) is not billed
                 t_grant = t_launch if t_start is not None else t_end
             ended = a.outcome or ""

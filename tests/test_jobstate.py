@@ -41,7 +41,7 @@ def test_a_spot_request_that_never_got_capacity_is_not_billed() -> None:
             "on_demand",
             {},
             launched_at=3 * 3600.0,
-            launch_began_at=3 * 3600.0,
+            granted_at=3 * 3600.0,
             started_at=3 * 3600.0 + 600,
             ended_at=4 * 3600.0 + 600,
             outcome="succeeded",
@@ -67,7 +67,7 @@ def test_measured_changeover_discounts_every_step_the_first_look_saw() -> None:
             "spot",
             {},
             launched_at=0.0,
-            launch_began_at=0.0,
+            granted_at=0.0,
             step_start=100,
             first_step=150,  # seen 600 s after the grant, 50 steps of 9.6 s in
             first_step_at=600.0,
@@ -83,7 +83,7 @@ def test_the_xcom_summary_of_a_long_job_stays_small() -> None:
     import json
 
     from airflow_spot.jobstate import MAX_DECISIONS, AttemptRecord
-    from airflow_spot.operators.controller import XCOM_DECISIONS, xcom_summary
+    from airflow_spot.operators.summary import XCOM_DECISIONS, xcom_summary
 
     hour = 3600.0
     st = JobState(started_at=0.0, deadline_at=70 * hour)
@@ -95,7 +95,7 @@ def test_the_xcom_summary_of_a_long_job_stays_small() -> None:
                 "spot",
                 {},
                 launched_at=t0,
-                launch_began_at=t0,
+                granted_at=t0,
                 started_at=t0 + 300,
                 ended_at=t0 + 1.5 * hour,
                 outcome="preempted",
@@ -141,7 +141,7 @@ def test_the_ledger_changeover_lasts_until_training_began() -> None:
             "on_demand",
             {},
             launched_at=0.0,
-            launch_began_at=0.0,
+            granted_at=0.0,
             started_at=600.0,  # the instance is up and the process started
             step_start=0,
             first_step=10,  # first seen 2600 s in, 10 steps of 100 s done

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from airflow_spot.exceptions import ConfigError, finite_number
 
@@ -69,14 +69,6 @@ class AttemptStatus:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-def stop(backend: Any, handle: dict[str, Any]) -> AttemptStatus:
-    """Cancel an attempt and release what it holds (its pod, per the backend's policy): for
-    callers that keep no record of it (a kill, a job replaced), so no log is read first."""
-    status = backend.cancel(handle)
-    backend.cleanup(handle, status.outcome.value if status.outcome else "")
-    return status
-
-
 PRICE_FROM_KEYS = ("aws_conn_id", "instance_type", "zone", "region_name")
 
 
@@ -123,3 +115,123 @@ def check_price_from(field: str, source: Any) -> None:
             'give {"aws_conn_id": "aws_default", "instance_type": "p3.2xlarge", "zone": '
             f'"us-east-1a"}} (region_name optional), got {source!r}',
         )
+
+
+# -- the backend interface ----------------------------------------------------------------
+@runtime_checkable
+class Backend(Protocol):
+    """Where attempts run. Everything the controller and the watchers use of a backend, and
+    nothing more: :class:`~airflow_spot.backends.local.LocalBackend` and
+    :class:`~airflow_spot.backends.kubernetes.KubernetesBackend` implement it, and a
+    third-party backend is checked against it when the DAG is parsed (:func:`missing_members`).
+
+    Handles are JSON dicts the backend made in :meth:`launch`; the operator stores them and a
+    watcher (possibly another process) passes them back."""
+
+    #: the ``kind`` of :meth:`to_dict`, by which :func:`load_backend` rebuilds it
+    kind: str
+    #: trace seconds per wall second (1.0 for real capacity)
+    time_scale: float
+    #: wall seconds a spot pool counts as down after it lost the job's capacity
+    spot_cooldown_s: float
+    #: wall seconds a preempted attempt has between the notice and the kill, where the
+    #: backend reports save times (None: it cannot say)
+    notice_to_kill_s: float | None
+    #: attempts run on the Airflow worker itself (else elsewhere: a checkpoint location must
+    #: then be one both reach, not a relative path)
+    runs_on_worker: bool
+    #: spot node pools priced and chosen by the operator (empty: a replayed market, whose
+    #: pools come with :meth:`market_spec`, or one spot placement)
+    node_pools: tuple[Any, ...]
+
+    def market_spec(self, epoch: float) -> Any:
+        """The replayed market from ``epoch`` (None where the real market is not replayed)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON settings, with ``kind``; :func:`load_backend` builds the backend again."""
+
+    def launch(
+        self,
+        ident: dict[str, Any],
+        attempt: int,
+        capacity: str,
+        command: list[str],
+        *,
+        checkpoint_uri: str,
+        changeover_wall_s: float = 0.0,
+        market: Any = None,
+        env: dict[str, str] | None = None,
+        pool: str = "",
+    ) -> dict[str, Any]:
+        """Start an attempt; returns its handle."""
+
+    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+        """What the attempt is doing (its verdict once it ended)."""
+
+    def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:
+        """The attempt's latest progress report (None: no progress channel)."""
+
+    def cancel(self, handle: dict[str, Any]) -> AttemptStatus:
+        """Stop the attempt (an attempt that ended already is left for :meth:`release`)."""
+
+    def log_tail(self, handle: dict[str, Any]) -> str:
+        """The last lines of the attempt's log (best effort)."""
+
+    def release(self, handle: dict[str, Any], outcome: str) -> None:
+        """Free what an ended attempt still holds (its pod, per the backend's policy)."""
+
+
+#: what a backend must offer, by kind: methods are called, attributes read
+BACKEND_METHODS = (
+    "market_spec",
+    "to_dict",
+    "launch",
+    "status",
+    "progress",
+    "cancel",
+    "log_tail",
+    "release",
+)
+BACKEND_ATTRIBUTES = (
+    "kind",
+    "time_scale",
+    "spot_cooldown_s",
+    "notice_to_kill_s",
+    "runs_on_worker",
+    "node_pools",
+)
+
+
+def missing_members(backend: Any) -> list[str]:
+    """The members of :class:`Backend` that ``backend`` lacks (methods not callable, numbers
+    that are not numbers), in the protocol's order."""
+    missing = [m for m in BACKEND_METHODS if not callable(getattr(backend, m, None))]
+    for name in BACKEND_ATTRIBUTES:
+        if not hasattr(backend, name):
+            missing.append(name)
+    if hasattr(backend, "time_scale") and not finite_number(backend.time_scale):
+        missing.append("time_scale (a number)")
+    return missing
+
+
+def load_backend(settings: dict[str, Any]) -> Backend:
+    """A backend from :meth:`Backend.to_dict` (in a watcher's process): the one place a
+    backend's kind picks its class."""
+    kind = settings.get("kind", "local")
+    if kind == "kubernetes":
+        from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+
+        return KubernetesBackend.from_dict(settings)
+    if kind == "local":
+        from airflow_spot.backends.local.backend import LocalBackend
+
+        return LocalBackend.from_dict(settings)
+    raise ConfigError("backend", f"unknown backend kind {kind!r} in a stored attempt")
+
+
+def stop_and_release(backend: Backend, handle: dict[str, Any]) -> AttemptStatus:
+    """Cancel an attempt and release what it holds: for callers that keep no record of it (a
+    kill, a job replaced), so no log is read first."""
+    status = backend.cancel(handle)
+    backend.release(handle, status.outcome.value if status.outcome else "")
+    return status

@@ -14,40 +14,43 @@ files constantly.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
-import numbers
 import os
-import re
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_spot.checkpoint.stores import validate_uri
-from airflow_spot.exceptions import (
-    BackendError,
-    BudgetExhausted,
-    ConfigError,
-    finite_number,
+from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError
+from airflow_spot.operators.arguments import (
+    ARGUMENTS,
+    PREEMPTION_ACTIONS,
+    TEMPLATE_FIELDS,
+    argv_of,
+    check_arguments,
+    resolve_deadline,
+    warn_of_reference_prices,
 )
 from airflow_spot.operators.links import SpotTimelineLink
-from airflow_spot.policy import get_policy
+from airflow_spot.operators.mapped import CheckedPartialDescriptor
+from airflow_spot.operators.retry import default_retry_policy, tries_left
 from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_spot.backends.local.backend import LocalBackend
+    from airflow_spot.backends.base import Backend
     from airflow_spot.jobstate import JobState
+    from airflow_spot.operators.job import JobArgs, TaskIdentity
+    from airflow_spot.operators.turn import Turn
 
 log = logging.getLogger(__name__)
 STATE_KEY = "airflow_spot_job"
 TRIGGER_FAIL = "__fail__"  # Airflow's next_method when a trigger failed or timed out
-PREEMPTION_ACTIONS = ("on_demand", "fail")
+MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
+__all__ = ["PREEMPTION_ACTIONS", "STATE_KEY", "SpotTrainingOperator"]
 
 
 class SpotTrainingOperator(BaseOperator):
@@ -98,7 +101,7 @@ class SpotTrainingOperator(BaseOperator):
         backend, the pod's (a service-account role, ``env_from_secrets``) on Kubernetes.
     """
 
-    template_fields: Sequence[str] = ("command", "checkpoint_uri", "deadline")
+    template_fields: Sequence[str] = TEMPLATE_FIELDS
     ui_color = "#ffd8a8"
     operator_extra_links = (SpotTimelineLink(),)
 
@@ -117,7 +120,7 @@ class SpotTrainingOperator(BaseOperator):
         max_preemptions: int | None = None,
         on_preemption_budget: str = "on_demand",
         max_failures: int = 2,
-        backend: str | LocalBackend = "local",
+        backend: str | Backend = "local",
         decision_interval: timedelta = timedelta(seconds=60),
         poll_interval: float = 5.0,
         deferrable: bool = True,
@@ -128,7 +131,7 @@ class SpotTrainingOperator(BaseOperator):
         if "retry_policy" not in kwargs:
             kwargs["retry_policy"] = default_retry_policy()
         super().__init__(**kwargs)
-        self.command = _argv(command)
+        self.command = argv_of(command)
         self.checkpoint_uri = (
             os.fspath(checkpoint_uri) if isinstance(checkpoint_uri, os.PathLike) else checkpoint_uri
         )
@@ -167,41 +170,23 @@ class SpotTrainingOperator(BaseOperator):
         """The templated fields once rendered (or resolved from XCom), checked as at parse
         time: a native-rendered command's numbers become strings; a number or None as the
         deadline, a blank command or a relative path for Kubernetes fail here, naming them."""
-        self.command = _argv(self.command)
+        self.command = argv_of(self.command)
         if isinstance(self.checkpoint_uri, os.PathLike):
             self.checkpoint_uri = os.fspath(self.checkpoint_uri)
         names = (*self.template_fields, "expected_compute", "changeover", "backend")
         check_arguments({name: getattr(self, name) for name in names}, partial=True)
 
-    def _check_deadline_span(self, span: timedelta) -> None:
-        """When the task starts: the deadline must leave room for the work; a decision
-        interval too coarse for the slack left only costs money, so it is a warning here (a
-        deadline known at parse time was checked then)."""
-        assert self.expected_compute is not None  # validated before
-        check_span(span, self.expected_compute, self.changeover)
-        try:
-            check_decision_interval(
-                self.decision_interval, span - self.expected_compute - self.changeover
-            )
-        except ConfigError as e:
-            self.log.warning("%s", e)
-
     def _resolve_deadline(self, started_at: float) -> float:
         """The deadline as wall-clock seconds, once templates are rendered (task start)."""
-        dl = self.deadline
-        if isinstance(dl, str):
-            dl = _parse_deadline(dl)
-        if isinstance(dl, timedelta):
-            self._check_deadline_span(dl)
-            return started_at + dl.total_seconds()
-        assert isinstance(dl, datetime)
-        at = dl.timestamp()
-        if at <= started_at:
-            raise ConfigError(
-                "deadline", f"{dl.isoformat()} is already in the past; give a later deadline"
-            )
-        self._check_deadline_span(timedelta(seconds=at - started_at))
-        return at
+        assert self.expected_compute is not None  # validated before
+        return resolve_deadline(
+            self.deadline,
+            started_at,
+            self.expected_compute,
+            self.changeover,
+            self.decision_interval,
+            self.log,
+        )
 
     # -- Airflow entry points ---------------------------------------------------------------
     def execute(self, context: Context) -> Any:
@@ -230,7 +215,7 @@ class SpotTrainingOperator(BaseOperator):
                 (raw["finished"].get("final_checkpoint") or {}).get("uri"),
                 self.checkpoint_uri,
             )
-            from airflow_spot.operators.controller import xcom_summary
+            from airflow_spot.operators.summary import xcom_summary
 
             return xcom_summary(
                 {
@@ -241,86 +226,24 @@ class SpotTrainingOperator(BaseOperator):
             )
         else:
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
-                self._retire(store, JobState.from_dict(raw))
+                self._set_aside_failed_job(store, JobState.from_dict(raw))
             else:
                 self._check_earlier_checkpoints(context)
             state = self._new_state(time.time())
-        return self._step(context, state, None)
+        return self._run_turns(context, state, None)
 
     def _check_earlier_checkpoints(self, context: Context) -> None:
-        """A new job whose checkpoint_uri already holds work from before it (a URI not
-        templated per run): complete work is an error (nothing would be trained, and the run
-        would report 100 % savings); partial work is resumed, with a warning. Another map
-        index of this task in this run training into the same location is an error (each
-        would resume from the other's checkpoints)."""
+        """A new job claims its checkpoint location (see :mod:`.location`)."""
         from airflow_spot.checkpoint.manifest import Checkpoints
+        from airflow_spot.operators.location import claim_location
 
-        ti = context["ti"]
-        me = {k: getattr(ti, k, None) for k in ("dag_id", "task_id", "run_id", "map_index")}
-        mapped = isinstance(me["map_index"], int) and me["map_index"] >= 0
-        fix = (
-            "template it per map index, e.g. '.../{{ run_id }}/{{ ti.map_index }}'"
-            if mapped
-            else "template it per run (e.g. '.../{{ ds }}' or '.../{{ run_id }}')"
+        claim_location(
+            Checkpoints.watching(self.checkpoint_store()),
+            context["ti"],
+            str(self.checkpoint_uri),
+            self.total_steps,
+            self.log,
         )
-        ckpts = Checkpoints.watching(self.checkpoint_store())
-        # one record per task and run, claimed in one conditional write: of two map indexes
-        # starting together exactly one gets it, whatever earlier runs left here
-        run = hashlib.sha1(f"{me['dag_id']}/{me['task_id']}/{me['run_id']}".encode())
-        claim = f"job-owner-{run.hexdigest()[:16]}.json"
-        first = ckpts.claim(me, claim)
-        if first is not None and first.get("map_index") != me["map_index"]:
-            raise ConfigError(
-                "checkpoint_uri",
-                f"{self.checkpoint_uri} is already used by map index {first.get('map_index')} "
-                f"of this task in this run; mapped instances each need their own location: "
-                f"{fix}",
-            )
-        # the last task instance that trained here (recorded in one conditional write: of two
-        # jobs starting together, the second sees the first)
-        prev = ckpts.claim(me)
-        theirs = {k: (prev or {}).get(k) for k in me}
-        other = prev is not None and theirs != me
-        if other and (theirs["dag_id"], theirs["task_id"]) != (me["dag_id"], me["task_id"]):
-            fix = "give each task its own location, e.g. '.../{{ ti.task_id }}/{{ run_id }}'"
-        who = _ti_name(theirs)
-        live = _ti_state(ti, theirs) if other else None
-        if live in LIVE_TI_STATES:
-            if first is None:  # this run's claim, just made: take it back
-                ckpts.store.delete(claim)
-            raise ConfigError(
-                "checkpoint_uri",
-                f"{self.checkpoint_uri} is in use by {who}, which is {live}: two jobs would "
-                f"train into and resume from each other's checkpoints; {fix}, or start this one "
-                "after that task instance ends (nothing was changed)",
-            )
-        m = ckpts.latest_manifest()
-        if m is not None and (self.total_steps or m.total_steps or 0) <= m.step:
-            m = ckpts.latest_valid()  # complete work counts only if its files are whole
-        if m is not None:
-            total = self.total_steps or m.total_steps
-            saved = datetime.fromtimestamp(m.created, UTC).isoformat(timespec="seconds")
-            by = f" by {who}" if other else ""
-            if total and m.step >= total:
-                raise ConfigError(
-                    "checkpoint_uri",
-                    f"{self.checkpoint_uri} already holds a complete checkpoint (step {m.step} "
-                    f"of {total}, saved {saved}{by}) from before this task instance started, so "
-                    f"there is nothing to train; {fix} or delete those checkpoints to train "
-                    "again (nothing was deleted)",
-                )
-            self.log.warning(
-                "checkpoint_uri %s already holds step %d of %s (saved %s%s) from before this "
-                "task instance started: resuming from it. To start afresh, %s.",
-                self.checkpoint_uri,
-                m.step,
-                total,
-                saved,
-                by,
-                fix,
-            )
-        if other:
-            ckpts.set_owner(me)
 
     def checkpoint_store(self) -> Any:
         """The store of the rendered ``checkpoint_uri``, through ``aws_conn_id`` for S3."""
@@ -334,14 +257,14 @@ class SpotTrainingOperator(BaseOperator):
             client = SpotMarketHook(aws_conn_id=self.aws_conn_id).s3_client()
         return open_store(uri, s3_client=client)
 
-    def _retire(self, store: Any, old: JobState) -> None:
+    def _set_aside_failed_job(self, store: Any, old: JobState) -> None:
         """Before a new job replaces one that failed for good: stop any attempt it left
         running (or fail this try) and keep its record under ``<key>.previous``."""
         live = old.live
         if live is not None:
-            from airflow_spot.backends.base import stop
+            from airflow_spot.backends.base import stop_and_release
 
-            status = stop(self._backend(), live.handle)
+            status = stop_and_release(self._backend(), live.handle)
             if not status.terminal:
                 raise BackendError(
                     f"attempt {live.attempt} of the failed job still runs and could not be "
@@ -366,7 +289,7 @@ class SpotTrainingOperator(BaseOperator):
             raise BackendError(
                 "the job's state is missing from the task state store; cannot resume safely"
             )
-        return self._step(context, JobState.from_dict(raw), parsed)
+        return self._run_turns(context, JobState.from_dict(raw), parsed)
 
     def resume_execution(
         self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
@@ -395,7 +318,7 @@ class SpotTrainingOperator(BaseOperator):
                     from airflow_spot.triggers.events import EventKind, SpotEvent
 
                     self.log.warning("The trigger timed out: looking at the attempt here.")
-                    return self._step(context, state, SpotEvent(EventKind.TICK, time.time()))
+                    return self._run_turns(context, state, SpotEvent(EventKind.TICK, time.time()))
                 err = AirflowTaskTimeout(
                     f"execution_timeout ({self.execution_timeout}) reached while deferred"
                 )
@@ -413,19 +336,17 @@ class SpotTrainingOperator(BaseOperator):
         """This try fails with ``error``. A passing error with tries left keeps the live
         attempt for the next try (it re-attaches); otherwise the task fails for good: stop what
         runs and keep the record."""
-        from airflow_spot.operators.controller import Controller
-
         store = context["task_state_store"]
-        if not isinstance(error, (ConfigError, BudgetExhausted)) and _tries_left(context):
+        if not isinstance(error, (ConfigError, BudgetExhausted)) and tries_left(context):
             store.set(STATE_KEY, state.to_dict())
             return
-        ctl = Controller(self, state, context)
+        turn = self.turn(state, context)
         try:
-            ctl.abandon()
+            turn.stop_for_good()
         except Exception as stop:  # noqa: BLE001 - the original error is the one to raise
             self.log.error("Could not stop the live attempt: %s", stop)
         state.failed = {"error": type(error).__name__, "message": str(error)}
-        ctl.failed_for_good(time.time())
+        turn.report.failed_for_good(time.time())
         store.set(STATE_KEY, state.to_dict())
 
     def on_kill(self) -> None:
@@ -433,9 +354,9 @@ class SpotTrainingOperator(BaseOperator):
         handle = getattr(self, "_live_handle", None)
         if handle is not None:
             self.log.warning("Task killed: cancelling attempt at %s.", handle.get("run_dir"))
-            from airflow_spot.backends.base import stop
+            from airflow_spot.backends.base import stop_and_release
 
-            stop(self._backend(), handle)
+            stop_and_release(self._backend(), handle)
 
     # -- the loop ---------------------------------------------------------------------------
     def _new_state(self, now: float) -> JobState:
@@ -445,20 +366,12 @@ class SpotTrainingOperator(BaseOperator):
         backend = self._backend()
         market = backend.market_spec(now)  # None where the real market is not replayed
         if market is None:  # real capacity: reference prices would make up the costs
-            pools = getattr(backend, "pools", ())
-            priced = bool(pools) and all(p.spot_price is not None or p.price_from for p in pools)
-            missing = [
-                f"{name} (${getattr(self, name)}/h)"
-                for name in ("spot_price", "on_demand_price")
-                if name not in self.prices_given and not (name == "spot_price" and priced)
-            ]
-            if missing:
-                self.log.warning(
-                    "%s not given: costs, savings and the policy's price ratio use the "
-                    "reference p3.2xlarge prices, not your nodes'. Give the prices of your "
-                    "instance type (or pools with spot_price / price_from).",
-                    " and ".join(missing),
-                )
+            warn_of_reference_prices(
+                backend.node_pools,
+                self.prices_given,
+                {"spot_price": self.spot_price, "on_demand_price": self.on_demand_price},
+                self.log,
+            )
         if self.execution_timeout is not None and self.execution_timeout.total_seconds() < (
             deadline_at - now
         ):
@@ -478,39 +391,88 @@ class SpotTrainingOperator(BaseOperator):
             try_started_at=now,
         )
 
-    def _backend(self) -> Any:
+    def _backend(self) -> Backend:
         from airflow_spot.backends.local.backend import LocalBackend
 
         return LocalBackend() if isinstance(self.backend, str) else self.backend
 
-    def _step(self, context: Context, state: JobState, event: Any) -> Any:
+    # -- what the loop is handed ------------------------------------------------------------
+    def job_args(self) -> JobArgs:
+        """The rendered arguments, as values (the loop never sees this operator)."""
+        from airflow_spot.operators.job import JobArgs
+
+        assert self.expected_compute is not None  # validated at parse time
+        return JobArgs(
+            command=JobArgs.argv(self.command),
+            checkpoint_uri=str(self.checkpoint_uri),
+            expected_compute=self.expected_compute,
+            total_steps=self.total_steps,
+            changeover=self.changeover,
+            policy=self.policy,
+            spot_price=self.spot_price,
+            on_demand_price=self.on_demand_price,
+            max_preemptions=self.max_preemptions,
+            on_preemption_budget=self.on_preemption_budget,
+            max_failures=self.max_failures,
+            decision_interval=self.decision_interval,
+            poll_interval=self.poll_interval,
+        )
+
+    def identity(self, context: Context) -> TaskIdentity:
+        from airflow_spot.operators.job import TaskIdentity
+
+        return TaskIdentity.of(context["ti"])
+
+    def turn(self, state: JobState, context: Context) -> Turn:
+        """The control loop's turn over ``state``, with this task's arguments and identity."""
+        from airflow_spot.checkpoint.manifest import Checkpoints
+        from airflow_spot.operators.turn import Turn
+
+        return Turn(
+            self.job_args(),
+            self.identity(context),
+            self._backend(),
+            state,
+            Checkpoints.watching(self.checkpoint_store()),
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run_turns(self, context: Context, state: JobState, event: Any) -> Any:
+        """Turn after turn until the job is done: between turns, defer to the triggerer (a
+        long wait) or wait here (a short one, or ``deferrable=False``)."""
         from airflow.sdk.exceptions import AirflowTaskTimeout
 
-        from airflow_spot.operators.controller import Controller, xcom_summary
+        from airflow_spot.operators.summary import xcom_summary
 
-        ctl = Controller(self, state, context)
+        turn = self.turn(state, context)
         store = context["task_state_store"]
         while True:
             try:  # (TaskDeferred is a BaseException: deferring passes through)
-                result = ctl.advance(event)
+                result = turn.advance(event)
                 store.set(STATE_KEY, state.to_dict())
                 if result.done:
                     return xcom_summary(result.summary or {})
                 self._live_handle = state.live.handle if state.live else None
                 now = time.time()
+                trigger = self._trigger(state, result.wake_at, turn.cooling_until(now), now)
                 if self.deferrable and result.wake_at - now >= self.min_deferral.total_seconds():
-                    hold = min(MAX_HOLD_S, self.min_deferral.total_seconds() / 3)
                     self.defer(
-                        trigger=self._trigger(
-                            state, result.wake_at, ctl.cooling_until(now), hold_until=now + hold
-                        ),
+                        trigger=trigger,
                         method_name="resume",
                         timeout=timedelta(seconds=self._defer_timeout(state, now)),
                     )
-                event = ctl.wait_here(result.wake_at)
+                event = self._wait_here(trigger.watch)
             except (Exception, AirflowTaskTimeout) as e:  # the timeout is a BaseException
                 self._fail_try(context, state, e)
                 raise
+
+    def _wait_here(self, watch: Any) -> Any:
+        """Synchronous mode: poll in the worker until something happens."""
+        while True:
+            ev = watch.poll_once()
+            if ev is not None:
+                return ev
+            time.sleep(self.poll_interval)
 
     def _defer_timeout(self, state: JobState, now: float) -> float:
         """How long a deferral may last: an hour past the deadline, and no later than this
@@ -525,466 +487,20 @@ class SpotTrainingOperator(BaseOperator):
             timeout = min(timeout, left)
         return timeout
 
-    def _trigger(
-        self,
-        state: JobState,
-        wake_at: float,
-        cooling: dict[str, float] | None = None,
-        hold_until: float | None = None,
-    ):
-        backend = self._backend()
-        handle = state.live.handle if state.live else None
-        if getattr(backend, "name", "") == "kubernetes":
-            from airflow_spot.triggers.local import KubernetesAttemptTrigger
+    def _trigger(self, state: JobState, wake_at: float, cooling: dict[str, float], now: float):
+        """The attempt's trigger (its ``watch`` is what the worker polls when it waits here)."""
+        from airflow_spot.triggers.attempt import attempt_trigger
 
-            return KubernetesAttemptTrigger(
-                handle=handle,
-                backend=backend.to_dict(),
-                wake_at=wake_at,
-                poll_interval=self.poll_interval,
-                hold_until=hold_until,
-            )
-        from airflow_spot.triggers.local import LocalAttemptTrigger
-
-        return LocalAttemptTrigger(
-            handle=handle,
+        return attempt_trigger(
+            self._backend().to_dict(),
+            state.live.handle if state.live else None,
             market=state.market,
             spot_was=state.spot_last,
             wake_at=wake_at,
             poll_interval=self.poll_interval,
-            cooling=cooling or None,
-            hold_until=hold_until,
+            cooling=cooling,
+            hold_until=now + min(MAX_HOLD_S, self.min_deferral.total_seconds() / 3),
         )
 
 
-# the arguments checked at parse time (and, for partial(), those given to it)
-ARGUMENTS = (
-    "command",
-    "checkpoint_uri",
-    "expected_compute",
-    "total_steps",
-    "deadline",
-    "changeover",
-    "policy",
-    "spot_price",
-    "on_demand_price",
-    "max_preemptions",
-    "on_preemption_budget",
-    "max_failures",
-    "backend",
-    "decision_interval",
-    "poll_interval",
-    "min_deferral",
-    "aws_conn_id",
-)
-REQUIRED = {
-    "command": "give the training command, e.g. ['python', 'train.py'] or 'python train.py'",
-    "checkpoint_uri": "give where checkpoints live: a path, file:///path or s3://bucket/prefix",
-    "deadline": "give a deadline: a datetime, a timedelta from the task's start, or '6h'",
-}
-BACKEND_METHODS = ("launch", "status", "cancel", "market_spec", "to_dict")
-MIN_DECISION_INTERVAL = timedelta(seconds=0.1)
-MIN_POLL_INTERVAL = 0.01
-MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
-
-
-def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
-    """Check the operator's arguments that are present in ``values``, each naming its field.
-
-    Values resolved later (a Jinja template, an ``XComArg``) are checked when the task starts.
-    With ``partial`` (``SpotTrainingOperator.partial(...)``), a missing argument may still come
-    from ``expand()`` and is not an error.
-    """
-    v = {k: x for k, x in values.items() if not _later(k, x)}
-    for name, fix in REQUIRED.items():
-        if name in values and not values[name] and not _later(name, values[name]):
-            raise ConfigError(name, fix)
-        if not partial and name not in values:
-            raise ConfigError(name, fix)
-    if "command" in v:
-        _check_command(v["command"])
-    uri = v.get("checkpoint_uri")
-    if uri is not None:
-        if not isinstance(uri, str):
-            raise ConfigError(
-                "checkpoint_uri", f"must be a string (path or URI), got {type(uri).__name__}"
-            )
-        validate_uri(uri)
-    if "expected_compute" in v and not _positive_td(v["expected_compute"]):
-        raise ConfigError(
-            "expected_compute",
-            f"must be a positive timedelta (compute the whole job needs), got {v['expected_compute']!r}",
-        )
-    steps = v.get("total_steps")
-    if steps is not None and (not _integer(steps) or steps < 1):
-        raise ConfigError("total_steps", f"must be a positive integer or None, got {steps!r}")
-    if "changeover" in v and not (
-        isinstance(v["changeover"], timedelta) and v["changeover"] >= timedelta(0)
-    ):
-        raise ConfigError("changeover", f"must be a timedelta >= 0, got {v['changeover']!r}")
-    if "policy" in v:
-        if not isinstance(v["policy"], str):
-            raise ConfigError(
-                "policy",
-                f"must be a policy name such as 'deadline_aware', got {v['policy']!r}",
-            )
-        get_policy(v["policy"])
-    for name in ("max_preemptions", "max_failures"):
-        n = v.get(name)
-        if n is not None and (not _integer(n) or n < 0):
-            raise ConfigError(
-                name,
-                f"must be an integer >= 0{' or None' if name == 'max_preemptions' else ''}, got {n!r}",
-            )
-        if name == "max_failures" and name in v and n is None:
-            raise ConfigError(name, "must be an integer >= 0, got None")
-    if "on_preemption_budget" in v and v["on_preemption_budget"] not in PREEMPTION_ACTIONS:
-        raise ConfigError(
-            "on_preemption_budget",
-            f"must be one of {PREEMPTION_ACTIONS}, got {v['on_preemption_budget']!r}",
-        )
-    for name in ("spot_price", "on_demand_price"):
-        if name not in v:
-            continue
-        price = v[name]
-        if not finite_number(price) or price < 0 or (name == "on_demand_price" and price == 0):
-            raise ConfigError(
-                name,
-                f"must be a price per hour {'> 0' if name == 'on_demand_price' else '>= 0'}, got {price!r}",
-            )
-    if "decision_interval" in v:
-        di = v["decision_interval"]
-        if not isinstance(di, timedelta) or di < MIN_DECISION_INTERVAL:
-            raise ConfigError(
-                "decision_interval",
-                f"must be a timedelta of at least {MIN_DECISION_INTERVAL.total_seconds():g} s "
-                f"(how often to decide again), got {di!r}",
-            )
-    if "poll_interval" in v:
-        pi = v["poll_interval"]
-        if not finite_number(pi) or pi < MIN_POLL_INTERVAL:
-            raise ConfigError(
-                "poll_interval",
-                f"must be a number of seconds >= {MIN_POLL_INTERVAL:g}, got {pi!r}",
-            )
-    if "min_deferral" in v:
-        md = v["min_deferral"]
-        if not isinstance(md, timedelta) or md < timedelta(0):
-            raise ConfigError(
-                "min_deferral",
-                f"must be a timedelta >= 0 (shorter waits stay in the worker), got {md!r}",
-            )
-    conn = v.get("aws_conn_id")
-    if conn is not None and (not isinstance(conn, str) or not conn.strip()):
-        raise ConfigError(
-            "aws_conn_id", f"must be an Airflow connection id (a string) or None, got {conn!r}"
-        )
-    if "backend" in v:
-        _check_backend(v["backend"])
-        raw_uri = values.get("checkpoint_uri")
-        if getattr(v["backend"], "name", "") == "kubernetes" and isinstance(raw_uri, str):
-            literal = re.split(r"\{[{%#]", raw_uri, maxsplit=1)[0]  # before any template
-            if literal and "://" not in raw_uri and not literal.startswith("/"):
-                raise ConfigError(
-                    "checkpoint_uri",
-                    f"{raw_uri!r} is a relative path: the worker and the pod would read "
-                    "different places; use s3://bucket/prefix, or an absolute path on a volume "
-                    "both mount",
-                )
-    if "deadline" in v:
-        _check_deadline(v["deadline"], v.get("expected_compute"), v.get("changeover"), v)
-
-
-def _check_command(cmd: Any) -> None:
-    if isinstance(cmd, str):
-        import shlex
-
-        try:
-            parts = shlex.split(cmd)
-        except ValueError as e:
-            raise ConfigError(
-                "command", f"cannot be split like a shell would ({e}): {cmd!r}"
-            ) from None
-        if not parts:
-            raise ConfigError("command", f"is blank; {REQUIRED['command']}")
-        return
-    if not isinstance(cmd, (list, tuple)):
-        raise ConfigError(
-            "command", f"must be a list of strings or a string, got {type(cmd).__name__}"
-        )
-    for i, part in enumerate(cmd):
-        if not isinstance(part, str) or not part:
-            raise ConfigError(
-                "command",
-                f"item {i} is {part!r} ({type(part).__name__}); every item must be a non-empty "
-                "string or a number",
-            )
-
-
-def _argv(command: Any) -> Any:
-    """A command list with its numbers as strings (``--steps 100`` rendered natively, or
-    built in Python, gives an int); anything else is left for the checks."""
-    if isinstance(command, (list, tuple)):
-        return [
-            str(c) if isinstance(c, numbers.Real) and not isinstance(c, bool) else c
-            for c in command
-        ]
-    return command
-
-
-def _check_backend(backend: Any) -> None:
-    if isinstance(backend, str):
-        if backend != "local":
-            raise ConfigError(
-                "backend",
-                f"unknown backend {backend!r}; use 'local', LocalBackend(...) or KubernetesBackend(image=...)",
-            )
-        return
-    if isinstance(backend, type):
-        raise ConfigError(
-            "backend",
-            f"{backend.__name__} is a class: give an instance, e.g. {backend.__name__}(...)",
-        )
-    missing = [m for m in BACKEND_METHODS if not callable(getattr(backend, m, None))]
-    if missing or not finite_number(getattr(backend, "time_scale", None)):
-        raise ConfigError(
-            "backend",
-            f"{type(backend).__name__} is not a backend (no {', '.join(missing) or 'time_scale'}); "
-            "use 'local', LocalBackend(...) or KubernetesBackend(image=...)",
-        )
-
-
-def _check_deadline(dl: Any, work: Any, changeover: Any, given: dict[str, Any]) -> None:
-    """A deadline's type, and its span where it does not depend on the start (parse time)."""
-    if isinstance(dl, str):
-        dl = _parse_deadline(dl)
-    if isinstance(dl, datetime):
-        if dl.tzinfo is None:
-            raise ConfigError(
-                "deadline",
-                "a datetime deadline must be timezone-aware (e.g. pendulum or tzinfo=timezone.utc)",
-            )
-        return
-    if not isinstance(dl, timedelta):
-        raise ConfigError(
-            "deadline",
-            f"must be a datetime, a timedelta or a string, got {type(dl).__name__}",
-        )
-    if _positive_td(work) and isinstance(changeover, timedelta):
-        check_span(dl, work, changeover)
-        if "decision_interval" in given:
-            check_decision_interval(given["decision_interval"], dl - work - changeover)
-
-
-def check_span(span: timedelta, work: timedelta, changeover: timedelta) -> None:
-    """The deadline leaves room for the work and one changeover."""
-    if span <= timedelta(0) or span < work + changeover:
-        raise ConfigError(
-            "deadline",
-            f"{_h(span)} from the start is shorter than the work ({_h(work)}) plus one "
-            f"changeover ({_h(changeover)}); move the deadline later or cut the work",
-        )
-
-
-def check_decision_interval(interval: timedelta, slack: timedelta) -> None:
-    """Decide often enough to use the slack: the policy keeps a look's worth of margin, so an
-    interval near the slack sends the whole job to on-demand (no error when the slack is 0:
-    on-demand is then the only way anyway)."""
-    if slack > timedelta(0) and interval > slack / 4:
-        raise ConfigError(
-            "decision_interval",
-            f"{_h(interval)} is more than a quarter of the slack ({_h(slack)} between the work "
-            f"plus one changeover and the deadline): the policy could not wait for spot and "
-            f"would run on-demand; use at most {(slack / 4).total_seconds():.0f} s (intervals are wall-clock, "
-            "also on a LocalBackend with a time_scale)",
-        )
-
-
-def _later(name: str, value: Any) -> bool:
-    """Resolved when the task starts: a Jinja template or an XComArg in a templated field
-    (Airflow resolves nothing else; an XComArg anywhere else is checked, and refused, now)."""
-    from airflow.sdk.definitions._internal.mixins import ResolveMixin
-
-    if name not in SpotTrainingOperator.template_fields:
-        return False
-    return _templated(value) or isinstance(value, ResolveMixin)
-
-
-def _integer(n: Any) -> bool:
-    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
-
-
-def _positive_td(td: Any) -> bool:
-    return isinstance(td, timedelta) and td > timedelta(0)
-
-
-def _checked_partial(cls: type[SpotTrainingOperator], **kwargs: Any) -> Any:
-    """As ``BaseOperator.partial``, but the arguments given here are checked now (at parse
-    time), not first when a mapped instance runs."""
-    from airflow.sdk.bases.operator import partial
-
-    uri = kwargs.get("checkpoint_uri")
-    if isinstance(uri, os.PathLike):
-        kwargs["checkpoint_uri"] = os.fspath(uri)
-    check_arguments(_partial_given(kwargs), partial=True)
-    made = partial(cls, **kwargs)
-    made._expand_called = True  # replaced by the checked one below (no "never mapped" warning)
-    return _checked_expand_class()(
-        operator_class=made.operator_class, kwargs=made.kwargs, params=made.params
-    )
-
-
-def _partial_given(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The operator's arguments among ``partial()``'s, as checked at parse time: a deadline
-    shorter than the work alone is wrong whatever changeover ``expand()`` may bring."""
-    given = {k: v for k, v in kwargs.items() if k in ARGUMENTS}
-    given.setdefault("changeover", timedelta(0))
-    return given
-
-
-@functools.cache
-def _checked_expand_class() -> type:
-    """``OperatorPartial`` whose ``expand()`` checks literal values (each list item) at parse
-    time as well, with what ``partial()`` was given (a mapped instance is only built when it
-    runs). XComArgs and templates are checked when the task starts."""
-    import attrs
-    from airflow.sdk.definitions.mappedoperator import OperatorPartial
-
-    @attrs.define(kw_only=True, repr=False)
-    class CheckedPartial(OperatorPartial):
-        def expand(self, **mapped: Any) -> Any:
-            given = _partial_given(self.kwargs)
-            for name, values in mapped.items():
-                if name not in ARGUMENTS or not isinstance(values, (list, tuple)):
-                    continue
-                for i, value in enumerate(values):
-                    try:
-                        check_arguments({**given, name: value}, partial=True)
-                    except ConfigError as e:
-                        self._expand_called = True  # refused, not forgotten
-                        msg = str(e).partition(": ")[2]
-                        raise ConfigError(e.field, f"expand() item {i}: {msg}") from None
-            return super().expand(**mapped)
-
-    return CheckedPartial
-
-
-class _Partial:
-    """``SpotTrainingOperator.partial``: checked, and refused on a task (as Airflow's is)."""
-
-    def __get__(self, obj: Any, cls: Any = None) -> Any:
-        if obj is not None:
-
-            def partial(**kwargs: Any) -> Any:
-                raise TypeError(
-                    "partial can only be called on Operator classes, not Tasks themselves"
-                )
-
-            return partial
-        return functools.partial(_checked_partial, cls)
-
-
-SpotTrainingOperator.partial = _Partial()  # type: ignore[assignment,method-assign]
-
-
-def _tries_left(context: Context) -> bool:
-    """Whether Airflow will run this task again after this try fails."""
-    ti = context["ti"]
-    return int(getattr(ti, "try_number", 1)) <= int(getattr(ti, "max_tries", 0) or 0)
-
-
-def default_retry_policy():
-    """Fail fast on configuration errors and spent budgets; retry the orchestration's own errors."""
-    from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryRule
-
-    return ExceptionRetryPolicy(
-        rules=[
-            RetryRule(
-                exception=[ConfigError, BudgetExhausted],
-                action=RetryAction.FAIL,
-                reason="configuration error or spent budget: retrying cannot help",
-            ),
-            RetryRule(
-                exception=BackendError,
-                action=RetryAction.RETRY,  # after the task's own retry_delay / backoff
-                reason="backend error: retry and re-attach",
-            ),
-        ]
-    )
-
-
-def _templated(value: Any) -> bool:
-    return isinstance(value, str) and any(m in value for m in ("{{", "{%", "{#"))
-
-
-def _h(td: timedelta) -> str:
-    secs = td.total_seconds()
-    return f"{secs / 3600:.2f} h" if secs >= 360 else f"{secs:g} s"
-
-
-def _parse_deadline(text: str) -> datetime | timedelta:
-    from airflow_spot.cli import parse_hours
-
-    try:
-        dt = datetime.fromisoformat(text.strip())
-    except ValueError:
-        pass
-    else:
-        if dt.tzinfo is None:  # as for a datetime given directly: never guess the zone
-            raise ConfigError(
-                "deadline",
-                f"{text.strip()!r} has no timezone; add one, e.g. '{dt.isoformat()}+00:00'",
-            )
-        return dt
-    if re.fullmatch(r"\s*[0-9.]+\s*", text):  # the CLI reads a bare number as hours; a DAG
-        raise ConfigError(  # author may mean seconds: make them say
-            "deadline",
-            f"{text.strip()!r} has no unit; write e.g. '{text.strip()}h' or '{text.strip()}s'",
-        )
-    try:
-        return timedelta(hours=parse_hours(text, "deadline"))
-    except ConfigError:
-        raise ConfigError(
-            "deadline", f"{text!r} is neither an ISO datetime nor a duration like '6h'"
-        ) from None
-
-
-# task instance states in which a job may still train (or will again, on retry)
-LIVE_TI_STATES = frozenset(
-    {
-        "running",
-        "deferred",
-        "queued",
-        "scheduled",
-        "up_for_retry",
-        "up_for_reschedule",
-        "restarting",
-    }
-)
-
-
-def _ti_name(ti: dict[str, Any]) -> str:
-    index = ti.get("map_index")
-    mapped = f" [map index {index}]" if isinstance(index, int) and index >= 0 else ""
-    return f"task {ti.get('dag_id')}.{ti.get('task_id')}{mapped} of run {ti.get('run_id')}"
-
-
-def _ti_state(ti: Any, other: dict[str, Any]) -> str | None:
-    """The state of another task instance, asked of Airflow (None when it cannot say: an old
-    Airflow, a deleted run or DAG, no API server)."""
-    get = getattr(ti, "get_task_states", None)
-    if get is None or not other.get("dag_id") or not other.get("run_id"):
-        return None
-    index = other.get("map_index")
-    try:
-        states = get(dag_id=other["dag_id"], task_ids=[other["task_id"]], run_ids=[other["run_id"]])
-    except Exception as e:  # noqa: BLE001 - unknown is not an error: the check is best effort
-        log.debug("could not read the state of %s: %s", _ti_name(other), e)
-        return None
-    name = (
-        other["task_id"]
-        if not isinstance(index, int) or index < 0
-        else f"{other['task_id']}_{index}"
-    )
-    state = (states or {}).get(other["run_id"], {}).get(name)
-    return str(getattr(state, "value", state)) if state is not None else None
+SpotTrainingOperator.partial = CheckedPartialDescriptor()  # type: ignore[assignment,method-assign]

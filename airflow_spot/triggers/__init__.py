@@ -1,2 +1,2 @@
-"""Triggers and their typed events. Import :mod:`airflow_spot.triggers.local` only where a
+"""Triggers and their typed events. Import :mod:`airflow_spot.triggers.attempt` only where a
 trigger is built (it imports Airflow's trigger base)."""

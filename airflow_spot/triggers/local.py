@@ -1,17 +1,16 @@
-"""The attempt triggers: a local attempt under its supervisor, and a pod on Kubernetes."""
+"""Trigger class paths stored by airflow-spot 0.1.0 in Airflow's database: a task deferred by
+that version resumes under this one. New deferrals use
+:class:`airflow_spot.triggers.attempt.AttemptTrigger`."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from airflow_spot.triggers.base import SpotPollingTrigger
-from airflow_spot.triggers.events import SpotEvent
-from airflow_spot.triggers.watch import Watch
+from airflow_spot.triggers.attempt import AttemptTrigger
 
 
-class LocalAttemptTrigger(SpotPollingTrigger):
-    """Watches a local attempt (or nothing, while waiting for spot), the replayed market and the clock."""
+class LocalAttemptTrigger(AttemptTrigger):
+    """0.1.0's trigger of a local attempt (its stored kwargs)."""
 
     def __init__(
         self,
@@ -25,31 +24,19 @@ class LocalAttemptTrigger(SpotPollingTrigger):
         hold_until: float | None = None,
     ) -> None:
         super().__init__(
-            poll_interval=poll_interval,
-            hold_until=hold_until,
             handle=handle,
+            backend=None,
             market=market,
             spot_was=spot_was,
             wake_at=wake_at,
+            poll_interval=poll_interval,
             cooling=cooling,
+            hold_until=hold_until,
         )
-        self.watch = Watch(handle, market, spot_was, wake_at, cooling=cooling)
-
-    def poll(self) -> SpotEvent | None:
-        return self.watch.poll_once()
-
-    async def on_kill(self) -> None:
-        """The user killed the task while it waited: stop the attempt (Airflow >= 3.3)."""
-        if self.watch.handle is not None:
-            from airflow_spot.backends.local.backend import LocalBackend
-
-            await asyncio.to_thread(LocalBackend().cancel, self.watch.handle)
 
 
-class KubernetesAttemptTrigger(SpotPollingTrigger):
-    """Watches an attempt pod, its node and their events (relaying interruption notices to the
-    pod as it goes), and the clock. The pod's node and capacity are recorded in the handle it
-    carries, so a verdict is possible after the node is gone."""
+class KubernetesAttemptTrigger(AttemptTrigger):
+    """0.1.0's trigger of a pod (its stored kwargs)."""
 
     def __init__(
         self,
@@ -61,21 +48,11 @@ class KubernetesAttemptTrigger(SpotPollingTrigger):
         hold_until: float | None = None,
     ) -> None:
         super().__init__(
-            poll_interval=poll_interval,
-            hold_until=hold_until,
             handle=handle,
             backend=backend,
+            market=None,
+            spot_was=None,
             wake_at=wake_at,
+            poll_interval=poll_interval,
+            hold_until=hold_until,
         )
-        self.watch = Watch(handle, None, None, wake_at, backend)
-
-    def poll(self) -> SpotEvent | None:
-        return self.watch.poll_once()
-
-    async def on_kill(self) -> None:
-        """The user killed the task while it waited: delete the pod (Airflow >= 3.3)."""
-        handle = self.watch.handle
-        if handle is not None:
-            from airflow_spot.backends.base import stop
-
-            await asyncio.to_thread(lambda: stop(self.watch.k8s, handle))

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_spot.backends.local.backend import read_status
+from airflow_spot.backends.base import AttemptStatus, Backend, load_backend
+from airflow_spot.backends.capacity import replayed_spot
 from airflow_spot.backends.local.market import Pools
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
@@ -23,7 +24,8 @@ class Watch:
     market: dict[str, Any] | None
     spot_was: bool | None
     wake_at: float
-    backend: dict[str, Any] | None = None  # a Kubernetes backend's settings; None = local
+    # the backend's settings (``to_dict``); None: the local backend
+    backend: dict[str, Any] | None = None
     # pools kept out after losing the job's capacity, with the wall time their cool-down ends:
     # the watcher sees spot as the controller does, or it would wake it for a pool it skips
     cooling: dict[str, float] | None = None
@@ -31,7 +33,7 @@ class Watch:
     def __post_init__(self) -> None:
         self._loaded = False
         self._market: Pools | None = None
-        self._k8s: Any = None
+        self._backend: Backend | None = None
 
     def _load(self) -> None:
         """Read the market and build the backend on first use: in the triggerer that is the
@@ -39,27 +41,23 @@ class Watch:
         if self._loaded:
             return
         self._market = Pools.load(self.market) if self.market else None
-        if self.backend and self.backend.get("kind") == "kubernetes":
-            from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-
-            self._k8s = KubernetesBackend.from_dict(self.backend)
+        self._backend = load_backend(self.backend or {"kind": "local"})
         self._loaded = True
 
     @property
-    def k8s(self) -> Any:
+    def attempts(self) -> Backend:
+        """The backend the watched attempt runs on."""
         self._load()
-        return self._k8s
+        assert self._backend is not None
+        return self._backend
 
-    def status(self, handle: dict[str, Any]):
-        return self.k8s.status(handle) if self.k8s is not None else read_status(handle)
+    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+        return self.attempts.status(handle)
 
     def poll_once(self, now: float | None = None) -> SpotEvent | None:
         now = time.time() if now is None else now
         self._load()
-        spot = None
-        if self._market:
-            cool = {p for p, until in (self.cooling or {}).items() if now < until}
-            spot = self._market.available_at(now, cool)
+        spot = replayed_spot(self._market, now, self.cooling) if self._market else None
         if self.handle is not None:
             st = self.status(self.handle)
             if st.terminal:

@@ -197,7 +197,6 @@ def test_a_finish_seen_late_is_dated_when_the_attempt_ended(tmp_path: Path) -> N
     finish was dated when it was seen. It is dated when the attempt ended. The finished state
     keeps one copy of the decisions and no live snapshot."""
     from airflow_spot.jobstate import JobState
-    from airflow_spot.operators.controller import Controller
 
     store = FileTaskStateStore(tmp_path / "s.json")
     ctx = make_context(store)
@@ -206,8 +205,8 @@ def test_a_finish_seen_late_is_dated_when_the_attempt_ended(tmp_path: Path) -> N
     raw = store.get(STATE_KEY)
     assert "decisions" not in raw["finished"] and raw["snapshot"] is None and raw["decisions"]
     state = JobState.from_dict(raw)
-    ctl = Controller(op, state, ctx)
-    late = ctl.summary(time.time() + 600, ctl.checkpoints.latest_valid())  # seen 10 min later
+    ctl = op.turn(state, ctx)
+    late = ctl.report.summary(time.time() + 600, ctl.checkpoints.latest_valid())  # seen 10 min later
     assert late["finished_hours"] == pytest.approx(summary["finished_hours"], abs=0.01)
     assert late["deadline_met"] is True and late["cost"] == pytest.approx(summary["cost"])
     # the task instance run again returns its summary, decisions included

@@ -15,7 +15,7 @@ from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.operators import SpotTrainingOperator
-from airflow_spot.operators.controller import Controller
+from airflow_spot.operators.turn import Turn
 from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 from airflow_spot.triggers.events import EventKind, SpotEvent
@@ -58,7 +58,7 @@ def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_i
     def hiccup(self, event):
         raise RuntimeError("the checkpoint store timed out")
 
-    monkeypatch.setattr(Controller, "advance", hiccup)
+    monkeypatch.setattr(Turn, "advance", hiccup)
     with pytest.raises(RuntimeError):  # try 1 of 2: Airflow will retry
         op.resume(make_context(store, try_number=1, max_tries=1), TICK.to_payload())
     assert not read_status(handle).terminal  # still training, for try 2 to re-attach
@@ -121,7 +121,7 @@ def test_a_running_attempt_ahead_of_its_checkpoint_is_not_declared_late(tmp_path
             "spot",
             {"run_dir": str(tmp_path / "none")},
             launched_at=t0,
-            launch_began_at=t0,
+            granted_at=t0,
             started_at=t0 + 0.5,
             first_step=1,
             first_step_at=t0 + 1.5,
@@ -130,10 +130,9 @@ def test_a_running_attempt_ahead_of_its_checkpoint_is_not_declared_late(tmp_path
         )
     )
     st.current = 0
-    ctl = Controller(
-        _op(tmp_path, timedelta(hours=1)), st, make_context(FileTaskStateStore(tmp_path / "s"))
+    ctl = _op(tmp_path, timedelta(hours=1)).turn(st, make_context(FileTaskStateStore(tmp_path / "s"))
     )
-    decision, _, obs = ctl._decide(now, True)
+    decision, _, obs = ctl.decide(now, True)
     assert decision.capacity is Capacity.SPOT
     assert obs.done_s == 0.0  # the policy still counts only checkpointed spot work
 
@@ -149,8 +148,7 @@ def test_exit_0_after_the_notice_with_work_left_is_a_preemption(tmp_path: Path) 
     rec = AttemptRecord(1, "spot", {"run_dir": str(tmp_path / "none")}, launched_at=now - 100)
     st.attempts.append(rec)
     st.current = 0
-    ctl = Controller(
-        _op(tmp_path, timedelta(hours=1)), st, make_context(FileTaskStateStore(tmp_path / "s"))
+    ctl = _op(tmp_path, timedelta(hours=1)).turn(st, make_context(FileTaskStateStore(tmp_path / "s"))
     )
     status = AttemptStatus(
         State.ENDED,
@@ -162,7 +160,7 @@ def test_exit_0_after_the_notice_with_work_left_is_a_preemption(tmp_path: Path) 
         exit_code=0,
         evidence={"notice_at": now - 5},
     )
-    ctl._close(rec, status, now)
+    ctl.attempt.close(rec, status, now)
     assert rec.outcome == "preempted" and (st.preemptions, st.failures) == (1, 0)
 
 
@@ -332,7 +330,7 @@ def test_the_policy_keeps_a_guard_for_a_slower_latest_attempt_and_noise(tmp_path
     op = _op(tmp_path, timedelta(hours=1))
     state = JobState(started_at=0.0, deadline_at=3600.0)
     state.attempts = [run(1, "spot", 100, 100.0), run(2, "on_demand", 20, 30.0)]
-    ctl = Controller(op, state, make_context(FileTaskStateStore(tmp_path / "s.json")))
+    ctl = op.turn(state, make_context(FileTaskStateStore(tmp_path / "s.json")))
     sps = 130.0 / 120.0
     guard = ctl._guard(100, sps, 400 * sps, 30.0)
     assert guard == pytest.approx(100 * (1.5 - sps) + 0.02 * 100 * sps + 2 * 0.1)

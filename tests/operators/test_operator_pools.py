@@ -123,7 +123,6 @@ def test_live_price_through_an_airflow_connection(tmp_path: Path) -> None:
 def test_a_spot_request_stranded_in_a_down_pool_moves_to_one_with_capacity(tmp_path: Path) -> None:
     """A spot request waits for capacity in pool a, which is down, while pool b is up: the
     next look moves it to b instead of waiting on a (both replayed, nothing cooling down)."""
-    from airflow_spot.operators.controller import Controller
     from airflow_spot.policy import Capacity, Decision, JobSpec
 
     a = scripted_trace(tmp_path / "a.json", [(False, 100)], prices=[(1.0, 100)])
@@ -145,17 +144,17 @@ def test_a_spot_request_stranded_in_a_down_pool_moves_to_one_with_capacity(tmp_p
         deferrable=False,
     )
     state = op._new_state(time.time())
-    ctl = Controller(op, state, make_context(FileTaskStateStore(tmp_path / "s")))
+    ctl = op.turn(state, make_context(FileTaskStateStore(tmp_path / "s")))
     job = JobSpec(400.0, 3600.0, 0.1, 1.0, 3.06)
-    ctl._choose_pool = lambda now, price: "a"  # as if a had capacity when it was chosen
-    ctl._launch(Capacity.SPOT, job)
-    del ctl._choose_pool
+    ctl.capacity.choose_pool = lambda now, price: "a"  # type: ignore[method-assign]  # as if a had capacity when it was chosen
+    ctl.attempt.launch(Capacity.SPOT, job)
+    del ctl.capacity.choose_pool
     try:
-        ctl._act(Decision(Capacity.SPOT, "spot_up"), job)
+        ctl.act(Decision(Capacity.SPOT, "spot_up"), job)
         first, second = state.attempts
         assert (first.pool, first.outcome) == ("a", "cancelled") and "moved" in first.reason
         assert second.pool == "b" and state.live is second
-        ctl._act(Decision(Capacity.SPOT, "spot_up"), job)  # b has capacity: stays
+        ctl.act(Decision(Capacity.SPOT, "spot_up"), job)  # b has capacity: stays
         assert len(state.attempts) == 2
     finally:
         if state.live is not None:

@@ -13,11 +13,18 @@ from airflow_spot.exceptions import ConfigError
 from airflow_spot.testing import scripted_trace
 from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
+from airflow_spot.triggers.attempt import AttemptTrigger
 from airflow_spot.triggers.local import KubernetesAttemptTrigger, LocalAttemptTrigger
 from airflow_spot.triggers.sensors import CheckpointTrigger, SpotPriceTrigger  # noqa: E402
 from airflow_spot.triggers.watch import Watch
 
-ALL_TRIGGERS = [LocalAttemptTrigger, KubernetesAttemptTrigger, SpotPriceTrigger, CheckpointTrigger]
+ALL_TRIGGERS = [
+    AttemptTrigger,
+    LocalAttemptTrigger,
+    KubernetesAttemptTrigger,
+    SpotPriceTrigger,
+    CheckpointTrigger,
+]
 
 
 def _subclasses(cls):
@@ -96,13 +103,18 @@ def _kwargs(cls, tmp_path: Path) -> dict:
         "offset": 0,
         "spot_price": None,
     }
-    return {
+    kwargs = {
         "handle": None,
         "market": market,
         "spot_was": True,
         "wake_at": 123.0,
         "poll_interval": 0.5,
     }
+    if cls is AttemptTrigger:
+        from airflow_spot.backends.local.backend import LocalBackend
+
+        kwargs["backend"] = LocalBackend(time_scale=3600.0).to_dict()
+    return kwargs
 
 
 @pytest.mark.parametrize("cls", ALL_TRIGGERS)

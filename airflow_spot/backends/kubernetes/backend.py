@@ -143,8 +143,14 @@ class KubernetesBackend:
     grace_period_s: int = 30
     pools: tuple[KubePool, ...] = ()
 
-    name = "kubernetes"
+    kind = "kubernetes"
+    runs_on_worker = False
     time_scale = 1.0
+    notice_to_kill_s = None  # a pod's grace is its node's, and pods report no save times
+
+    @property
+    def node_pools(self) -> tuple[KubePool, ...]:
+        return self.pools
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -486,7 +492,7 @@ class KubernetesBackend:
 
     def cancel(self, handle: dict[str, Any], wait_s: float = 60.0) -> AttemptStatus:
         """Delete the pod and wait until it is gone (even if its status cannot be read). A pod
-        that already ended is left for the caller's :meth:`cleanup` (after its log is read)."""
+        that already ended is left for the caller's :meth:`release` (after its log is read)."""
         try:
             st: AttemptStatus | None = self.status(handle)
         except Exception as e:  # noqa: BLE001 - a pod we cannot read must still go
@@ -529,7 +535,7 @@ class KubernetesBackend:
         failed = _failed_init(self._read_pod(pod_name))
         return failed.name if failed is not None else "train"
 
-    def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
+    def release(self, handle: dict[str, Any], outcome: str) -> None:
         """Delete an ended attempt's pod per ``delete_pods``."""
         if self.delete_pods == "always" or (
             self.delete_pods == "on_success" and outcome == Outcome.SUCCEEDED.value

@@ -58,7 +58,14 @@ class LocalBackend:
     pools: tuple[Pool, ...] = ()
     pool_cooldown_h: float = 1.0
 
-    name = "local"
+    kind = "local"
+    runs_on_worker = True
+    node_pools = ()  # replayed pools come with the market (market_spec), not as node pools
+
+    @property
+    def notice_to_kill_s(self) -> float:
+        """Wall seconds between the preemption notice and SIGKILL."""
+        return self.notice_s + self.grace_s
 
     def __post_init__(self) -> None:
         if not finite_number(self.time_scale) or self.time_scale <= 0:
@@ -128,6 +135,17 @@ class LocalBackend:
         if self.work_dir:
             return Path(self.work_dir)
         return Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "spot_runs"
+
+    @property
+    def spot_cooldown_s(self) -> float:
+        """Wall seconds a replayed pool is kept out after it preempted the job."""
+        return self.pool_cooldown_h * 3600.0 / self.time_scale
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LocalBackend:
+        """The backend from :meth:`to_dict` (its pools travel with the market, not here)."""
+        known = ("trace", "polarity", "time_scale", "offset", "notice_s", "grace_s", "work_dir")
+        return cls(**{k: d[k] for k in known if k in d})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -226,7 +244,7 @@ class LocalBackend:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def cleanup(self, handle: dict[str, Any], outcome: str) -> None:
+    def release(self, handle: dict[str, Any], outcome: str) -> None:
         """Nothing to release: the supervisor is gone once the attempt ended."""
 
     def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:

@@ -490,7 +490,7 @@ def test_cancel_leaves_a_failed_pod_for_its_log_to_be_read(kube) -> None:
     st = b.cancel(h)
     assert st.outcome.value == "app_failure"
     assert b.log_tail(h) == "Traceback: loss is NaN\n"
-    b.cleanup(h, st.outcome.value)
+    b.release(h, st.outcome.value)
     assert _pod_names(b) == []
 
 

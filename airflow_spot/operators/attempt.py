@@ -1,0 +1,222 @@
+"""The live attempt of a job: launch it, read its status and progress, close its record when
+it ends (spending the budgets), and stop it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from airflow_spot.backends.base import AttemptStatus, Backend, Outcome
+from airflow_spot.checkpoint.manifest import Checkpoints
+from airflow_spot.checkpoint.training import CONFIG_EXIT
+from airflow_spot.exceptions import ConfigError
+from airflow_spot.jobstate import AttemptRecord, JobState
+from airflow_spot.operators.capacity import SpotCapacity
+from airflow_spot.operators.job import JobArgs, TaskIdentity
+from airflow_spot.policy import Capacity, JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class LiveAttempt:
+    """Launches, watches and stops the attempts of one job, recording each in its state."""
+
+    def __init__(
+        self,
+        args: JobArgs,
+        ident: TaskIdentity,
+        backend: Backend,
+        state: JobState,
+        checkpoints: Checkpoints,
+        capacity: SpotCapacity,
+    ) -> None:
+        self.args = args
+        self.ident = ident
+        self.backend = backend
+        self.state = state
+        self.checkpoints = checkpoints
+        self.capacity = capacity
+
+    # -- looking ----------------------------------------------------------------------------
+    def refresh(self, now: float) -> AttemptRecord | None:
+        """Read the live attempt; returns its record once it ended (closed)."""
+        live = self.state.live
+        if live is None:
+            return None
+        status = self.backend.status(live.handle)
+        self.sync(live, status)
+        if not status.terminal:
+            return None
+        self.close(live, status, now)
+        return live
+
+    def sync(self, rec: AttemptRecord, status: AttemptStatus) -> None:
+        """Copy what ``status`` and the progress reports say into the record."""
+        rec.granted_at = status.granted_at or rec.granted_at
+        rec.started_at = status.started_at or rec.started_at
+        prog = self.backend.progress(rec.handle)
+        if prog is None:  # no progress channel (Kubernetes): the newest checkpoint of this attempt
+            m = self.checkpoints.latest_manifest()
+            if m is not None and m.created >= rec.launched_at and m.step > rec.step_start:
+                prog = {"step": m.step, "time": m.created}
+        if prog is not None:
+            if rec.first_step is None:
+                rec.first_step, rec.first_step_at = int(prog["step"]), float(prog["time"])
+            rec.step_end, rec.last_step_at = int(prog["step"]), float(prog["time"])
+            if prog.get("save_s") is not None:
+                self._check_save_time(float(prog["save_s"]))
+
+    def _check_save_time(self, save_s: float) -> None:
+        """Warn once when a checkpoint save takes longer than a preempted attempt is given
+        between the notice and the kill: the save on the notice would be cut off."""
+        st = self.state
+        st.save_s = max(st.save_s or 0.0, save_s)
+        grace = self.backend.notice_to_kill_s
+        if st.save_warned or grace is None or st.save_s <= grace:
+            return
+        st.save_warned = True
+        log.warning(
+            "A checkpoint save took %.1f s, longer than the %.1f s a preempted attempt has "
+            "between the notice and the kill (backend notice_s + grace_s): the save made on a "
+            "notice will be cut off and the steps since the previous save lost. Raise grace_s, "
+            "or save less at a time.",
+            st.save_s,
+            grace,
+        )
+
+    # -- ending -----------------------------------------------------------------------------
+    def close(self, rec: AttemptRecord, status: AttemptStatus, now: float) -> None:
+        """The attempt ended: record its outcome, spend the budgets, release what it holds."""
+        st = self.state
+        rec.ended_at = status.ended_at or now
+        rec.outcome = status.outcome.value if status.outcome else Outcome.INFRA_DISRUPTION.value
+        rec.reason = status.reason
+        rec.exit_code = status.exit_code
+        latest = self.checkpoints.latest_manifest()
+        rec.ckpt_step_end = latest.step if latest else 0
+        if rec.step_end is None:
+            rec.step_end = rec.step_start
+        total = self.args.total_steps_known(st, latest)
+        if (
+            rec.outcome == Outcome.SUCCEEDED.value
+            and (status.evidence.get("notice_at") or status.evidence.get("notice")) is not None
+            and (total is None or rec.ckpt_step_end < total)
+        ):  # saved and exited cleanly on the notice, as a good training script may: reclaimed
+            rec.outcome = Outcome.PREEMPTED.value
+            rec.reason = "exited 0 after the reclaim notice with work left: spot capacity reclaimed"
+        st.current = None
+        failed = rec.outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value)
+        # the log goes with the pod: read it before the release deletes it
+        tail = self.backend.log_tail(rec.handle) if failed else ""
+        self.backend.release(rec.handle, rec.outcome)
+        self._spend(rec, failed, tail)
+        if failed and rec.exit_code == CONFIG_EXIT:
+            last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
+            raise ConfigError(
+                "command",
+                f"the training process stopped on a configuration error (exit {CONFIG_EXIT}, "
+                f"attempt {rec.attempt}): {last.strip() or rec.reason}; every launch would stop "
+                "the same way, so none is retried: fix it and clear the task",
+            )
+
+    def _spend(self, rec: AttemptRecord, failed: bool, tail: str) -> None:
+        """Count an ended attempt against its budget, and say so."""
+        st = self.state
+        if rec.outcome == Outcome.PREEMPTED.value:
+            st.preemptions += 1
+        elif failed:
+            st.failures += 1
+            log.error(
+                "Attempt %d failed on healthy %s capacity: %s. Log tail:\n%s",
+                rec.attempt,
+                rec.capacity,
+                rec.reason,
+                tail,
+            )
+        elif rec.outcome == Outcome.INFRA_DISRUPTION.value:
+            st.infra_disruptions += 1
+        lost = max(0, (rec.step_end or 0) - (rec.ckpt_step_end or 0))
+        log.info(
+            "Attempt %d on %s ended: %s (%s); progress step %s, checkpoint step %s, %d steps lost. "
+            "Budgets: preemptions %d%s, failures %d/%d.",
+            rec.attempt,
+            rec.capacity,
+            rec.outcome,
+            rec.reason,
+            rec.step_end,
+            rec.ckpt_step_end,
+            lost,
+            st.preemptions,
+            "" if self.args.max_preemptions is None else f"/{self.args.max_preemptions}",
+            st.failures,
+            self.args.max_failures,
+        )
+
+    def stop(self) -> AttemptRecord | None:
+        """Cancel the live attempt and close its record (the caller says why)."""
+        live = self.state.live
+        if live is None:
+            return None
+        status = self.backend.cancel(live.handle)
+        self.sync(live, status)
+        self.close(live, status, time.time())
+        return live
+
+    # -- starting ---------------------------------------------------------------------------
+    def launch(self, capacity: Capacity, job: JobSpec) -> AttemptRecord:
+        """Start the next attempt on ``capacity`` from the newest checkpoint."""
+        st = self.state
+        n = len(st.attempts) + 1
+        latest = self.checkpoints.latest_manifest()
+        now = time.time()
+        pool, price = "", job.on_demand_price
+        if capacity is Capacity.SPOT:
+            price = job.spot_price
+            if self.capacity.priced():
+                pool = self.capacity.choose_pool(now, job.spot_price)
+                price = self.capacity.pool_price(pool, now, job.spot_price)
+        handle = self.backend.launch(
+            self.ident.to_dict(),
+            n,
+            capacity.value,
+            list(self.args.command),
+            checkpoint_uri=self.args.checkpoint_uri,
+            changeover_wall_s=self.args.changeover.total_seconds(),
+            market=self.capacity.market_of(pool),
+            pool=pool,
+        )
+        rec = AttemptRecord(
+            n,
+            capacity.value,
+            handle,
+            now,
+            step_start=latest.step if latest else 0,
+            price=price,
+            pool=pool,
+        )
+        if capacity is Capacity.SPOT:
+            rec.prices.append([now, price])
+        st.attempts.append(rec)
+        st.current = len(st.attempts) - 1
+        log.info(
+            "Launched attempt %d on %s%s at $%.4f/h from checkpoint step %d (%s).",
+            n,
+            capacity.value,
+            f" in pool {pool}" if pool else "",
+            price,
+            rec.step_start,
+            _where(handle),
+        )
+        return rec
+
+
+def same_attempt(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("run_dir", "pod", "attempt")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def _where(handle: dict[str, Any]) -> str:
+    if "run_dir" in handle:
+        return str(handle["run_dir"])
+    return f"pod {handle.get('namespace')}/{handle.get('pod')}"

@@ -1,0 +1,91 @@
+"""What the operator hands the control loop: its rendered arguments and the task instance's
+identity, as frozen values (the loop never sees the operator, its templates or Airflow)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow_spot.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from airflow_spot.checkpoint.manifest import Manifest
+    from airflow_spot.jobstate import JobState
+
+MIN_STEPS_FOR_RATE = 10
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """The task instance a job belongs to (attempts are named and labelled by it)."""
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int = -1
+    try_number: int = 1
+
+    @classmethod
+    def of(cls, ti: Any) -> TaskIdentity:
+        return cls(
+            ti.dag_id,
+            ti.task_id,
+            ti.run_id,
+            getattr(ti, "map_index", -1),
+            getattr(ti, "try_number", 1),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a backend's ``launch`` takes it."""
+        return {
+            "dag_id": self.dag_id,
+            "task_id": self.task_id,
+            "run_id": self.run_id,
+            "map_index": self.map_index,
+            "try_number": self.try_number,
+        }
+
+
+@dataclass(frozen=True)
+class JobArgs:
+    """The operator's arguments once rendered and checked (see ``arguments.py``)."""
+
+    command: tuple[str, ...]
+    checkpoint_uri: str
+    expected_compute: timedelta
+    total_steps: int | None
+    changeover: timedelta
+    policy: str
+    spot_price: float
+    on_demand_price: float
+    max_preemptions: int | None
+    on_preemption_budget: str
+    max_failures: int
+    decision_interval: timedelta
+    poll_interval: float
+
+    @staticmethod
+    def argv(command: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+        return tuple(shlex.split(command) if isinstance(command, str) else command or ())
+
+    def total_steps_known(self, state: JobState, m: Manifest | None) -> int | None:
+        """The job's total steps: the operator's, else the state's, else the checkpoint's; a
+        checkpoint that disagrees with the operator is an error."""
+        total = self.total_steps or state.total_steps
+        if total and m is not None and m.total_steps and m.total_steps != total:
+            raise ConfigError(
+                "total_steps",
+                f"the operator says {total} but the training script's checkpoints say "
+                f"{m.total_steps} (checkpoint {m.name}); make them agree (the job would stop "
+                "early or never count as done)",
+            )
+        return total or (m.total_steps if m else None)
+
+    def seconds_per_step(self, state: JobState, total: int) -> float:
+        """Market seconds per step: measured once enough steps ran, else from expected_compute."""
+        steps, secs = state.throughput()
+        if steps >= MIN_STEPS_FOR_RATE and secs > 0:
+            return secs / steps
+        return self.expected_compute.total_seconds() * state.time_scale / total

@@ -1,0 +1,37 @@
+"""Airflow's retries are spent on the orchestration's own errors only: a configuration error
+or a spent budget fails the task at once; a backend error retries (and re-attaches)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def tries_left(context: Context) -> bool:
+    """Whether Airflow will run this task again after this try fails."""
+    ti = context["ti"]
+    return int(getattr(ti, "try_number", 1)) <= int(getattr(ti, "max_tries", 0) or 0)
+
+
+def default_retry_policy():
+    """Fail fast on configuration errors and spent budgets; retry the orchestration's own errors."""
+    from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryRule
+
+    return ExceptionRetryPolicy(
+        rules=[
+            RetryRule(
+                exception=[ConfigError, BudgetExhausted],
+                action=RetryAction.FAIL,
+                reason="configuration error or spent budget: retrying cannot help",
+            ),
+            RetryRule(
+                exception=BackendError,
+                action=RetryAction.RETRY,  # after the task's own retry_delay / backoff
+                reason="backend error: retry and re-attach",
+            ),
+        ]
+    )

@@ -1,0 +1,350 @@
+"""One turn of the operator's loop: look, record, decide, act. Airflow-free: it gets the
+operator's rendered arguments (:class:`JobArgs`), the task instance's identity, a backend, the
+job's state and its checkpoints, never the operator itself."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_spot.backends.base import Backend, Outcome
+from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
+from airflow_spot.exceptions import (
+    BackendError,
+    ConfigError,
+    FailureBudgetExhausted,
+    InfeasibleDeadline,
+    PreemptionBudgetExhausted,
+)
+from airflow_spot.jobstate import JobState
+from airflow_spot.operators.attempt import LiveAttempt, same_attempt
+from airflow_spot.operators.capacity import SpotCapacity
+from airflow_spot.operators.job import MIN_STEPS_FOR_RATE, JobArgs, TaskIdentity
+from airflow_spot.operators.summary import Report
+from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
+from airflow_spot.policy import plan as plan_mod
+from airflow_spot.triggers.events import EventKind, SpotEvent
+
+log = logging.getLogger(__name__)
+MAX_INFRA_DISRUPTIONS = 20
+GUARD_SHARE = 0.02  # of the work left, kept back from the deadline for throughput noise
+
+
+@dataclass
+class StepResult:
+    done: bool
+    summary: dict[str, Any] | None = None
+    wake_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a look measured: steps done (checkpointed, or reported on on-demand), steps
+    reported, the rate and the changeover, all in market seconds."""
+
+    total: int
+    done_steps: int
+    reported: int
+    sps: float
+    changeover: float
+
+
+class Turn:
+    """Runs one turn at a time over a :class:`JobState`."""
+
+    def __init__(
+        self,
+        args: JobArgs,
+        ident: TaskIdentity,
+        backend: Backend,
+        state: JobState,
+        checkpoints: Checkpoints,
+    ) -> None:
+        self.args = args
+        self.ident = ident
+        self.backend = backend
+        self.state = state
+        self.checkpoints = checkpoints
+        self.capacity = SpotCapacity(backend, state)
+        self.attempt = LiveAttempt(args, ident, backend, state, checkpoints, self.capacity)
+        self.report = Report(args, ident, state)
+        self.policy = get_policy(args.policy)
+        if plan_mod.CACHE_DIR is None:  # a deferred task resumes in a new process: keep plans
+            plan_mod.CACHE_DIR = os.environ.get("AIRFLOW_SPOT_PLAN_CACHE") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                "airflow-spot",
+                "plans",
+            )
+
+    # -- one turn ---------------------------------------------------------------------------
+    def advance(self, event: SpotEvent | None) -> StepResult:
+        now = time.time()
+        st = self.state
+        if event is not None and event.kind is EventKind.ERROR:
+            log.warning("The watcher reported an error (%s); looking again.", event.message)
+        live = st.live
+        if event is not None and event.handle and live and same_attempt(event.handle, live.handle):
+            live.handle.update(event.handle)  # what the watcher recorded (node, capacity, notices)
+        spot = self.capacity.available(now)
+        st.see_spot(spot, now)
+        ended = self.attempt.refresh(now)
+        if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
+            done = self._finish_if_complete(now)
+            if done is not None:
+                return StepResult(True, summary=done)
+        self._check_budgets()
+        live = st.live
+        if (
+            live is not None
+            and live.capacity == "spot"
+            and live.granted_at is not None
+            and self.capacity.pool_down(live, now, spot)
+        ):
+            # capacity granted is being reclaimed: the verdict arrives within notice + grace;
+            # wait for it. (A request still waiting for capacity has no verdict coming: the
+            # policy decides, as for any look while spot is down.)
+            return StepResult(False, wake_at=now + self.args.poll_interval)
+        self.capacity.track_price(now, self.args.spot_price)
+        decision, job, obs = self.decide(now, spot)
+        if decision.rule == "done":  # the progress reports say all the work is done
+            done = self._complete(now)
+            if done is not None:
+                return StepResult(True, summary=done)
+            # the newest valid checkpoint does not hold it yet: keep what runs, look again
+            return StepResult(False, wake_at=now + self.args.poll_interval)
+        self.act(decision, job)
+        self.report.snapshot(now, job, obs)
+        return StepResult(False, wake_at=now + self.args.decision_interval.total_seconds())
+
+    def _check_budgets(self) -> None:
+        """The failure budget, and this try's limit on attempts lost to infrastructure."""
+        st = self.state
+        if st.failures > self.args.max_failures:
+            last = next(
+                (a for a in reversed(st.attempts) if a.outcome in ("app_failure", "oom_killed")),
+                None,
+            )
+            raise FailureBudgetExhausted(
+                f"{st.failures} application failures exceed max_failures={self.args.max_failures}; last: attempt "
+                f"{last.attempt if last else '?'} {last.reason if last else ''}. Preemptions so far: {st.preemptions} "
+                "(they never count here). Fix the training code or raise max_failures."
+            )
+        if st.infra_disruptions - st.infra_base > MAX_INFRA_DISRUPTIONS:
+            raise BackendError(
+                f"{st.infra_disruptions - st.infra_base} attempts lost to infrastructure in this "
+                "try; giving up on it"
+            )
+
+    def cooling_until(self, now: float) -> dict[str, float]:
+        return self.capacity.cooling_until(now)
+
+    # -- finishing --------------------------------------------------------------------------
+    def _complete(self, now: float) -> dict[str, Any] | None:
+        """All the work is checkpointed though the attempt has not reported its end yet: stop
+        it (its outcome is success, not a cancel) and finish the job."""
+        m = self.checkpoints.latest_valid()
+        total = self.args.total_steps_known(self.state, m)
+        if m is None or total is None or m.step < total:
+            return None  # the manifest said so, but the files do not verify yet: look again
+        stopped = self.attempt.stop()
+        if stopped is not None:
+            stopped.outcome = Outcome.SUCCEEDED.value
+            stopped.reason = "all work checkpointed; attempt stopped"
+        return self._finish_if_complete(now)
+
+    def _finish_if_complete(self, now: float) -> dict[str, Any] | None:
+        m = self.checkpoints.latest_valid()
+        total = self.args.total_steps_known(self.state, m)
+        if m is None or total is None or m.step < total:
+            rec = self.state.attempts[-1]
+            rec.outcome = Outcome.APP_FAILURE.value
+            rec.reason = f"exited 0 but the newest valid checkpoint is at step {m.step if m else 0} of {total}"
+            self.state.failures += 1
+            if m is None and self.checkpoints.latest_manifest() is None:
+                # nothing at all was checkpointed: every retry would run the whole command again
+                raise ConfigError(
+                    "command",
+                    f"the training command exited 0 but never wrote a checkpoint to "
+                    f"{self.args.checkpoint_uri}, so the job could neither resume after a "
+                    "preemption nor count as done; save checkpoints with "
+                    "airflow_spot.checkpoint.TrainingSession (it reads the location from "
+                    "$AIRFLOW_SPOT_CHECKPOINT_URI) and tell it the total steps",
+                )
+            log.error(
+                "Attempt %d %s; counting it as an application failure.", rec.attempt, rec.reason
+            )
+            return None
+        return self.report.finished(now, m)
+
+    def stop_for_good(self) -> None:
+        """Cancel the live attempt (the task is failing for good); nothing is left running."""
+        live = self.state.live
+        if live is not None:
+            log.warning("Stopping attempt %d: the task is failing.", live.attempt)
+            self.attempt.stop()
+
+    # -- deciding ---------------------------------------------------------------------------
+    def _progress(self, now: float) -> tuple[Progress, Manifest | None]:
+        st = self.state
+        latest = self.checkpoints.latest_manifest()
+        total = self.args.total_steps_known(st, latest)
+        if total is None:
+            raise InfeasibleDeadline(
+                "total_steps",
+                "unknown: give total_steps or write it into the checkpoints' manifests",
+            )
+        st.total_steps = total
+        if latest is not None and latest.step >= total:
+            latest = self.checkpoints.latest_valid()  # done only if its files are whole
+        sps = self.args.seconds_per_step(st, total)
+        done_steps = latest.step if latest else 0
+        changeover = st.measured_changeover_s(sps)
+        if changeover is None:
+            changeover = self.args.changeover.total_seconds() * st.time_scale
+        elif changeover > 0:  # on a grid of 16 steps per octave: the plan is not re-solved
+            changeover = 2 ** (round(16 * math.log2(changeover)) / 16)  # for every new mean
+        live = st.live
+        reported = done_steps  # at best: the running attempt's latest progress report
+        if live is not None and live.started_at is not None and live.step_end is not None:
+            reported = max(done_steps, live.step_end)
+            if live.capacity == Capacity.ON_DEMAND.value:
+                done_steps = reported  # on-demand progress is not taken back (spot's may be)
+        return Progress(total, done_steps, reported, sps, changeover), latest
+
+    def _job(self, p: Progress) -> JobSpec:
+        """The policy's job: the work at the measured rate, the deadline less the guard."""
+        st, work_s = self.state, p.total * p.sps
+        guard = self._guard(p.total - p.reported, p.sps, work_s, p.changeover)
+        try:
+            return JobSpec(
+                work_s,
+                st.deadline_s - guard,
+                p.changeover,
+                self.args.spot_price,
+                self.args.on_demand_price,
+                tick_s=self.args.decision_interval.total_seconds() * st.time_scale,
+                max_preemptions=self.args.max_preemptions,
+            )
+        except ConfigError as e:
+            if e.field != "deadline_s":
+                raise
+            raise InfeasibleDeadline(  # the work at the measured rate no longer fits
+                "deadline",
+                f"at the measured {p.sps:.1f} s per step ({p.sps * p.total / HOUR:.2f} h for "
+                f"{p.total} steps): {e}",
+            ) from e
+
+    def _observe(self, now: float, p: Progress, job: JobSpec, spot: bool | None) -> Observation:
+        """What the policy sees now; a deadline that cannot be met any more is an error."""
+        st, live = self.state, self.state.live
+        cap = Capacity(live.capacity) if live else Capacity.NONE
+        left = 0.0
+        if live is not None and live.started_at is None:
+            began = live.granted_at or now
+            left = max(0.0, p.changeover - st.market_s(now) + st.market_s(began))
+        now_m = st.market_s(now)
+        remaining, time_left = job.work_s - p.done_steps * p.sps, st.deadline_s - now_m
+        # at best: a running instance (spot included) goes on; one still launching pays what
+        # is left of its changeover; with none, a launch pays a whole one
+        best = job.work_s - p.reported * p.sps + (p.changeover if live is None else left)
+        if remaining > 0 and best > time_left + job.tick_s:
+            raise InfeasibleDeadline(
+                "deadline",
+                f"cannot be met any more: at best {_dur(best)} of work and changeover > "
+                f"{_dur(time_left)} left (measured {p.sps:.1f} s per step); give more time or cut "
+                "the work",
+            )
+        return Observation(
+            now_m,
+            p.done_steps * p.sps,
+            cap,
+            spot,
+            left,
+            st.preemptions,
+            st.spot_age_s(now),
+            st.spot_down_s,
+            st.spot_last_up_s,
+            st.spot_last_down_s,
+        )
+
+    def decide(self, now: float, spot: bool | None) -> tuple[Decision, JobSpec, Observation]:
+        st = self.state
+        p, _ = self._progress(now)
+        job = self._job(p)
+        obs = self._observe(now, p, job, spot)
+        decision = self._within_budget(self.policy.decide(job, obs))
+        st.record_decision(now, decision.capacity.value, decision.reason, p.done_steps)
+        live = st.live
+        log.info(
+            "[spot] t=%.2f h, done %d/%d steps (%.1f%%), %s%s: %s -> %s",
+            obs.now / HOUR,
+            p.done_steps,
+            p.total,
+            100 * p.done_steps / p.total,
+            f"attempt {live.attempt} on {live.capacity}" if live else "idle",
+            "" if spot is None else f", spot {'up' if spot else 'down'}",
+            decision.reason,
+            decision.capacity.value,
+        )
+        return decision, job, obs
+
+    def _within_budget(self, decision: Decision) -> Decision:
+        """Preemption budget spent: no more spot, and no waiting for it either."""
+        st, limit = self.state, self.args.max_preemptions
+        if (
+            decision.capacity is Capacity.ON_DEMAND
+            or decision.rule == "done"
+            or limit is None
+            or st.preemptions <= limit
+        ):
+            return decision
+        if self.args.on_preemption_budget == "fail":
+            raise PreemptionBudgetExhausted(
+                f"{st.preemptions} preemptions exceed max_preemptions={limit} "
+                f"(on_preemption_budget='fail'); application failures so far: {st.failures}"
+            )
+        return Decision(Capacity.ON_DEMAND, "budget_spent", (st.preemptions, limit))
+
+    def seconds_per_step(self, total: int) -> float:
+        return self.args.seconds_per_step(self.state, total)
+
+    def _guard(self, steps_left: int, sps: float, work_s: float, changeover: float) -> float:
+        """Market seconds the policy keeps back from the deadline for what the plan takes as
+        certain but a live run is not: the latest attempt running slower than the mean rate,
+        GUARD_SHARE of the work left (throughput noise), and two looks (a finish or a verdict
+        is seen up to a look late). Never more than the whole job's slack (the policy then
+        plans with none, and the feasibility check uses the true deadline)."""
+        st = self.state
+        latest = st.latest_seconds_per_step(MIN_STEPS_FOR_RATE) or sps
+        left = max(0, steps_left)
+        guard = (
+            left * max(0.0, latest - sps)
+            + GUARD_SHARE * left * sps
+            + 2 * self.args.poll_interval * st.time_scale
+        )
+        return min(guard, max(0.0, st.deadline_s - work_s - changeover))
+
+    # -- acting -----------------------------------------------------------------------------
+    def act(self, decision: Decision, job: JobSpec) -> None:
+        live = self.state.live
+        want = decision.capacity
+        reason = f"stopped to switch to {want.value}: {decision.reason}"
+        if live is not None and Capacity(live.capacity) is want:
+            if not self.capacity.stranded(live, time.time()):
+                return
+            reason = f"moved: pool {live.pool} has no spot capacity while another pool has"
+        if live is not None:
+            log.info("Switching away from %s: cancelling attempt %d.", live.capacity, live.attempt)
+            self.attempt.stop()
+            live.reason = reason
+        if want is Capacity.NONE:
+            return
+        self.attempt.launch(want, job)
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds / HOUR:.2f} h" if abs(seconds) >= 360 else f"{seconds:.0f} s"
