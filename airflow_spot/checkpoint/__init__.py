@@ -6,7 +6,8 @@ nothing here imports Airflow.
 
 from __future__ import annotations
 
-from airflow_spot.checkpoint.manifest import Checkpoints, FileEntry, Manifest
+from airflow_spot.checkpoint.checkpoints import Checkpoints
+from airflow_spot.checkpoint.manifest import FileEntry, Manifest
 from airflow_spot.checkpoint.stores import LocalStore, S3Store, Store, open_store, validate_uri
 
 __all__ = [

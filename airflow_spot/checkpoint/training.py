@@ -32,7 +32,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
+from airflow_spot.checkpoint.checkpoints import Checkpoints
+from airflow_spot.checkpoint.manifest import Manifest
 from airflow_spot.checkpoint.stores import open_store
 from airflow_spot.exceptions import ConfigError
 

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Backend, Outcome
-from airflow_spot.checkpoint.manifest import Checkpoints
+from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.jobstate import AttemptRecord, JobState

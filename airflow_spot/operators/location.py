@@ -9,7 +9,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_spot.checkpoint.manifest import Checkpoints
+from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.exceptions import ConfigError
 
 log = logging.getLogger(__name__)

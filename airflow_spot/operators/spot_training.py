@@ -31,8 +31,8 @@ from airflow_spot.operators.arguments import (
     argv_of,
     check_arguments,
     resolve_deadline,
-    warn_of_reference_prices,
 )
+from airflow_spot.operators.job import STATE_KEY
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.operators.mapped import CheckedPartialDescriptor
 from airflow_spot.operators.retry import default_retry_policy, tries_left
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from airflow_spot.operators.turn import Turn
 
 log = logging.getLogger(__name__)
-STATE_KEY = "airflow_spot_job"
 TRIGGER_FAIL = "__fail__"  # Airflow's next_method when a trigger failed or timed out
 MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
 __all__ = ["PREEMPTION_ACTIONS", "STATE_KEY", "SpotTrainingOperator"]
@@ -205,28 +204,14 @@ class SpotTrainingOperator(BaseOperator):
                 len(state.attempts),
             )
         elif raw and raw.get("finished"):
-            # this task instance already finished its job (retried or cleared after success):
-            # the checkpoint holds all the work, so report that job again rather than a new
-            # one that "trains" nothing at 100 % savings
-            self.log.info(
-                "This task instance already finished its job (checkpoint %s); returning its "
-                "summary. To train again, delete the checkpoints under %s or template "
-                "checkpoint_uri per run.",
-                (raw["finished"].get("final_checkpoint") or {}).get("uri"),
-                self.checkpoint_uri,
-            )
-            from airflow_spot.operators.summary import xcom_summary
+            from airflow_spot.operators.start import finished_again
 
-            return xcom_summary(
-                {
-                    **raw["finished"],
-                    "decisions": raw.get("decisions") or [],
-                    "decisions_dropped": raw.get("decisions_dropped", 0),
-                }
-            )
+            return finished_again(raw, str(self.checkpoint_uri), self.log)
         else:
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
-                self._set_aside_failed_job(store, JobState.from_dict(raw))
+                from airflow_spot.operators.start import set_aside_failed_job
+
+                set_aside_failed_job(store, JobState.from_dict(raw), self._backend(), self.log)
             else:
                 self._check_earlier_checkpoints(context)
             state = self._new_state(time.time())
@@ -234,7 +219,7 @@ class SpotTrainingOperator(BaseOperator):
 
     def _check_earlier_checkpoints(self, context: Context) -> None:
         """A new job claims its checkpoint location (see :mod:`.location`)."""
-        from airflow_spot.checkpoint.manifest import Checkpoints
+        from airflow_spot.checkpoint.checkpoints import Checkpoints
         from airflow_spot.operators.location import claim_location
 
         claim_location(
@@ -256,28 +241,6 @@ class SpotTrainingOperator(BaseOperator):
 
             client = SpotMarketHook(aws_conn_id=self.aws_conn_id).s3_client()
         return open_store(uri, s3_client=client)
-
-    def _set_aside_failed_job(self, store: Any, old: JobState) -> None:
-        """Before a new job replaces one that failed for good: stop any attempt it left
-        running (or fail this try) and keep its record under ``<key>.previous``."""
-        live = old.live
-        if live is not None:
-            from airflow_spot.backends.base import stop_and_release
-
-            status = stop_and_release(self._backend(), live.handle)
-            if not status.terminal:
-                raise BackendError(
-                    f"attempt {live.attempt} of the failed job still runs and could not be "
-                    "stopped; stop it by hand or retry"
-                )
-        store.set(f"{STATE_KEY}.previous", old.to_dict())
-        self.log.info(
-            "The previous job failed for good (%s: %s); its record is kept under %s.previous. "
-            "Starting afresh from the newest checkpoint with this task's current arguments.",
-            (old.failed or {}).get("error"),
-            (old.failed or {}).get("message"),
-            STATE_KEY,
-        )
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         from airflow_spot.jobstate import JobState
@@ -360,35 +323,18 @@ class SpotTrainingOperator(BaseOperator):
 
     # -- the loop ---------------------------------------------------------------------------
     def _new_state(self, now: float) -> JobState:
-        from airflow_spot.jobstate import JobState
+        """A new job's state, its deadline resolved now."""
+        from airflow_spot.operators.start import new_state
 
-        deadline_at = self._resolve_deadline(now)
-        backend = self._backend()
-        market = backend.market_spec(now)  # None where the real market is not replayed
-        if market is None:  # real capacity: reference prices would make up the costs
-            warn_of_reference_prices(
-                backend.node_pools,
-                self.prices_given,
-                {"spot_price": self.spot_price, "on_demand_price": self.on_demand_price},
-                self.log,
-            )
-        if self.execution_timeout is not None and self.execution_timeout.total_seconds() < (
-            deadline_at - now
-        ):
-            self.log.warning(
-                "execution_timeout (%s) is shorter than the time to the deadline (%s): Airflow "
-                "stops each try after it (the attempt too). With retries left the next try "
-                "resumes the job from its checkpoint; the deadline still bounds the whole job.",
-                self.execution_timeout,
-                timedelta(seconds=round(deadline_at - now)),
-            )
-        return JobState(
-            started_at=now,
-            deadline_at=deadline_at,
-            time_scale=backend.time_scale,
-            total_steps=self.total_steps,
-            market=market.to_dict() if market is not None else None,
-            try_started_at=now,
+        return new_state(
+            self._backend(),
+            now,
+            self._resolve_deadline(now),
+            self.total_steps,
+            self.execution_timeout,
+            {"spot_price": self.spot_price, "on_demand_price": self.on_demand_price},
+            self.prices_given,
+            self.log,
         )
 
     def _backend(self) -> Backend:
@@ -425,7 +371,7 @@ class SpotTrainingOperator(BaseOperator):
 
     def turn(self, state: JobState, context: Context) -> Turn:
         """The control loop's turn over ``state``, with this task's arguments and identity."""
-        from airflow_spot.checkpoint.manifest import Checkpoints
+        from airflow_spot.checkpoint.checkpoints import Checkpoints
         from airflow_spot.operators.turn import Turn
 
         return Turn(

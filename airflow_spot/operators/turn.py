@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_spot.backends.base import Backend, Outcome
-from airflow_spot.checkpoint.manifest import Checkpoints, Manifest
+from airflow_spot.checkpoint.checkpoints import Checkpoints
+from airflow_spot.checkpoint.manifest import Manifest
 from airflow_spot.exceptions import (
     BackendError,
     ConfigError,

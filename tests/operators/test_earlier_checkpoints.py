@@ -206,7 +206,8 @@ def test_a_finish_seen_late_is_dated_when_the_attempt_ended(tmp_path: Path) -> N
     assert "decisions" not in raw["finished"] and raw["snapshot"] is None and raw["decisions"]
     state = JobState.from_dict(raw)
     ctl = op.turn(state, ctx)
-    late = ctl.report.summary(time.time() + 600, ctl.checkpoints.latest_valid())  # seen 10 min later
+    seen_late = time.time() + 600  # seen 10 min later
+    late = ctl.report.summary(seen_late, ctl.checkpoints.latest_valid())
     assert late["finished_hours"] == pytest.approx(summary["finished_hours"], abs=0.01)
     assert late["deadline_met"] is True and late["cost"] == pytest.approx(summary["cost"])
     # the task instance run again returns its summary, decisions included

@@ -15,8 +15,8 @@ from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.operators import SpotTrainingOperator
-from airflow_spot.operators.turn import Turn
 from airflow_spot.operators.spot_training import STATE_KEY
+from airflow_spot.operators.turn import Turn
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
@@ -130,7 +130,8 @@ def test_a_running_attempt_ahead_of_its_checkpoint_is_not_declared_late(tmp_path
         )
     )
     st.current = 0
-    ctl = _op(tmp_path, timedelta(hours=1)).turn(st, make_context(FileTaskStateStore(tmp_path / "s"))
+    ctl = _op(tmp_path, timedelta(hours=1)).turn(
+        st, make_context(FileTaskStateStore(tmp_path / "s"))
     )
     decision, _, obs = ctl.decide(now, True)
     assert decision.capacity is Capacity.SPOT
@@ -148,7 +149,8 @@ def test_exit_0_after_the_notice_with_work_left_is_a_preemption(tmp_path: Path) 
     rec = AttemptRecord(1, "spot", {"run_dir": str(tmp_path / "none")}, launched_at=now - 100)
     st.attempts.append(rec)
     st.current = 0
-    ctl = _op(tmp_path, timedelta(hours=1)).turn(st, make_context(FileTaskStateStore(tmp_path / "s"))
+    ctl = _op(tmp_path, timedelta(hours=1)).turn(
+        st, make_context(FileTaskStateStore(tmp_path / "s"))
     )
     status = AttemptStatus(
         State.ENDED,
@@ -424,7 +426,7 @@ def test_a_save_longer_than_the_preemption_grace_is_warned_about_once(
             grace_s=0.3,
         ),
     )
-    with caplog.at_level("WARNING", logger="airflow_spot.controller"):
+    with caplog.at_level("WARNING", logger="airflow_spot.operators.attempt"):
         op.execute(make_context(store))
     st = store.get(STATE_KEY)
     assert st["save_s"] >= 0.6 and st["save_warned"] is True

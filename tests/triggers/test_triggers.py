@@ -11,9 +11,9 @@ import pytest
 
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.testing import scripted_trace
+from airflow_spot.triggers.attempt import AttemptTrigger
 from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
-from airflow_spot.triggers.attempt import AttemptTrigger
 from airflow_spot.triggers.local import KubernetesAttemptTrigger, LocalAttemptTrigger
 from airflow_spot.triggers.sensors import CheckpointTrigger, SpotPriceTrigger  # noqa: E402
 from airflow_spot.triggers.watch import Watch

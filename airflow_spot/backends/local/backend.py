@@ -20,7 +20,7 @@ from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 
-log = logging.getLogger("airflow_spot.local")
+log = logging.getLogger(__name__)
 
 DEFAULT_TRACE = "cant-be-late/us-west-2a_v100_1/3.json"
 STARTUP_GRACE_S = 15.0
