@@ -49,6 +49,8 @@ class AttemptStatus:
     exit_code: int | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     heartbeat: float | None = None
+    # what the backend must do in the world for this status (``Backend.carry_out``)
+    due: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -65,6 +67,7 @@ class AttemptStatus:
         d = dict(d)
         d["state"] = State(d["state"])
         d["outcome"] = Outcome(d["outcome"]) if d.get("outcome") else None
+        d["due"] = tuple(d.get("due") or ())
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -166,7 +169,12 @@ class Backend(Protocol):
         """Start an attempt; returns its handle."""
 
     def status(self, handle: dict[str, Any]) -> AttemptStatus:
-        """What the attempt is doing (its verdict once it ended)."""
+        """What the attempt is doing (its verdict once it ended). It only reports: what is
+        due in the world (``AttemptStatus.due``) is done by :meth:`carry_out`."""
+
+    def carry_out(self, handle: dict[str, Any], status: AttemptStatus) -> None:
+        """Do what ``status`` found due (relay a reclaim notice, delete a pod that will never
+        run), recording it in ``handle``."""
 
     def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:
         """The attempt's latest progress report (None: no progress channel)."""
@@ -187,6 +195,7 @@ BACKEND_METHODS = (
     "to_dict",
     "launch",
     "status",
+    "carry_out",
     "progress",
     "cancel",
     "log_tail",

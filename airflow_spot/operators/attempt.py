@@ -45,6 +45,7 @@ class LiveAttempt:
         if live is None:
             return None
         status = self.backend.status(live.handle)
+        self.backend.carry_out(live.handle, status)  # a notice relayed, a stuck pod deleted
         self.sync(live, status)
         if not status.terminal:
             return None

@@ -52,7 +52,11 @@ class Watch:
         return self._backend
 
     def status(self, handle: dict[str, Any]) -> AttemptStatus:
-        return self.attempts.status(handle)
+        """The attempt's status, after doing what it found due (relaying a notice while the
+        task is deferred is the watcher's job)."""
+        status = self.attempts.status(handle)
+        self.attempts.carry_out(handle, status)
+        return status
 
     def poll_once(self, now: float | None = None) -> SpotEvent | None:
         now = time.time() if now is None else now

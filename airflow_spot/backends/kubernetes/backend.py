@@ -54,6 +54,8 @@ RBAC_HINT = (
     " (the worker's service account needs get on nodes and list on events in all namespaces:"
     " the verdict reads the node's labels, taints and events; see docker/rbac.yaml)"
 )
+RELAY_NOTICE = "relay_notice"  # what a status may find due (see carry_out)
+GIVE_UP = "give_up"
 OUTCOMES = {
     Verdict.SUCCEEDED: Outcome.SUCCEEDED,
     Verdict.PREEMPTED: Outcome.PREEMPTED,
@@ -381,7 +383,9 @@ class KubernetesBackend:
         }
 
     def status(self, handle: dict[str, Any]) -> AttemptStatus:
-        """Read pod, node and events; relay a notice; classify. Updates ``handle`` in place."""
+        """Read pod, node and events and classify. Records what it saw in ``handle`` (the
+        pod's node, capacity and notice, kept for a verdict after the node is gone); changes
+        nothing in the cluster: what is due there is in ``due``, for :meth:`carry_out`."""
         pod = self._read_pod(handle["pod"])
         node_name = (pod.spec.node_name if pod is not None and pod.spec else None) or handle.get(
             "node"
@@ -411,9 +415,9 @@ class KubernetesBackend:
         if notice:
             handle["notice"] = notice  # kept: the node (and its taints) may be gone at the verdict
             handle.setdefault("notice_at", time.time())
+        due: list[str] = []
         if notice and pod is not None and phase == "Running" and not handle.get("notice_sent"):
-            self._relay_notice(handle["pod"], notice)
-            handle["notice_sent"] = True
+            due.append(RELAY_NOTICE)
         pending_for = time.time() - handle["pending_since"] if handle.get("pending_since") else 0.0
         if phase == "Pending" and container_start_error(pod):
             handle.setdefault("start_error_since", time.time())
@@ -446,9 +450,7 @@ class KubernetesBackend:
         if verdict.terminal and phase == "Pending":
             # it never ran but still holds (or waits for) a node: with delete_pods="never" it
             # would start later and train beside the next attempt
-            log.warning("Pod %s: %s; deleting it.", handle["pod"], verdict.reason)
-            handle["gave_up"] = [verdict.verdict.value, verdict.reason, list(verdict.evidence)]
-            self._delete(handle["pod"], grace=0)
+            due.append(GIVE_UP)
         if verdict.default_used:
             log.warning(
                 "Pod %s: no known signal (%s); treating it as an infrastructure disruption.",
@@ -462,6 +464,7 @@ class KubernetesBackend:
             granted_at=granted,
             started_at=started,
             heartbeat=time.time(),
+            due=tuple(due),
             evidence={
                 "node": handle.get("node"),
                 "spot_node": handle.get("was_spot"),
@@ -471,7 +474,7 @@ class KubernetesBackend:
         )
         if verdict.verdict is Verdict.RUNNING:
             return AttemptStatus(
-                State.PREEMPTING if handle.get("notice_sent") else State.RUNNING, **base
+                State.PREEMPTING if handle.get("notice_sent") or due else State.RUNNING, **base
             )
         if verdict.verdict is Verdict.PENDING:
             return AttemptStatus(
@@ -487,6 +490,20 @@ class KubernetesBackend:
             **base,
         )
 
+    def carry_out(self, handle: dict[str, Any], status: AttemptStatus) -> None:
+        """Do what ``status`` found due: relay the node's reclaim notice to the pod (so the
+        container checkpoints now), or delete a pod that will never run (its verdict is kept
+        in the handle: the 404 that follows is ours, not a reclaim)."""
+        if RELAY_NOTICE in status.due and not handle.get("notice_sent"):
+            self._relay_notice(handle["pod"], str(handle.get("notice")))
+            handle["notice_sent"] = True
+        if GIVE_UP in status.due and not handle.get("gave_up"):
+            log.warning("Pod %s: %s; deleting it.", handle["pod"], status.reason)
+            outcome = status.outcome.value if status.outcome else ""
+            verdict = next(v for v, o in OUTCOMES.items() if o.value == outcome)
+            handle["gave_up"] = [verdict.value, status.reason, status.evidence["signals"]]
+            self._delete(handle["pod"], grace=0)
+
     def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:  # noqa: ARG002
         return None  # measured from checkpoints by the controller
 
@@ -495,6 +512,7 @@ class KubernetesBackend:
         that already ended is left for the caller's :meth:`release` (after its log is read)."""
         try:
             st: AttemptStatus | None = self.status(handle)
+            self.carry_out(handle, st)
         except Exception as e:  # noqa: BLE001 - a pod we cannot read must still go
             log.warning(
                 "Pod %s: cannot read its status (%s); deleting it anyway.", handle["pod"], e

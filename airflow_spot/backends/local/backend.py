@@ -244,6 +244,9 @@ class LocalBackend:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    def carry_out(self, handle: dict[str, Any], status: AttemptStatus) -> None:
+        """Nothing is ever due: the supervisor delivers notices itself."""
+
     def release(self, handle: dict[str, Any], outcome: str) -> None:
         """Nothing to release: the supervisor is gone once the attempt ended."""
 

@@ -289,7 +289,10 @@ def test_a_container_that_cannot_start_fails_the_attempt_and_its_pod_goes(kube) 
     st = b.status(h)
     assert (st.state.value, st.outcome.value) == ("ended", "app_failure")
     assert "ImagePullBackOff" in st.reason and "Back-off pulling image" in st.reason
+    assert st.due == ("give_up",) and _pod_names(b) == [h["pod"]]  # status() only reports
+    b.carry_out(h, st)
     assert _pod_names(b) == []
+    assert b.status(h).outcome.value == "app_failure"  # the 404 now is ours: the verdict stays
 
 
 def test_a_spot_pod_given_up_as_unschedulable_is_deleted(kube) -> None:
@@ -305,6 +308,7 @@ def test_a_spot_pod_given_up_as_unschedulable_is_deleted(kube) -> None:
     time.sleep(0.3)
     st = b.status(h)
     assert st.outcome.value == "spot_unavailable"
+    b.carry_out(h, st)
     assert _pod_names(b) == []
 
 
@@ -470,6 +474,9 @@ def test_events_of_a_namesake_node_or_pod_are_not_read(kube) -> None:
     event("npd", "Node", "n1", "n1", "VMEventScheduled", "Node will change into status 'Preempt'")
     st = b.status(h)
     assert st.state.value == "preempting" and st.evidence["notice"] == "scheduled event Preempt"
+    assert st.due == ("relay_notice",)
+    b.carry_out(h, st)
+    assert h["notice_sent"] is True and b.status(h).due == ()
     node_uid = b.api.read_node("n1").metadata.uid
     event("this-node", "Node", "n1", node_uid, "SpotInterrupted", "Spot warning")
     assert b.status(h).evidence["notice"] == "scheduled event Preempt"  # the first one is kept
