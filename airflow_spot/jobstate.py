@@ -22,10 +22,58 @@ def _known(kind: type, d: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
+class AttemptHandle:
+    """How to find one attempt again, from any process: made by a backend's ``launch``,
+    stored in the job state, carried by the trigger and by the events it sends back. A watcher
+    records in it what it saw of the attempt (a pod's node, capacity and notice), so that a
+    verdict is still possible after the node is gone. Fields a backend does not use stay None
+    and are left out of :meth:`to_dict`."""
+
+    launched_at: float | None = None
+    kind: str | None = None  # the backend's kind (Kubernetes handles carry it)
+    attempt: int | None = None
+    capacity: str | None = None
+    # local: the attempt's folder (spec, status and log, under its supervisor)
+    run_dir: str | None = None
+    # Kubernetes: the pod, and what was seen of it and its node
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    node: str | None = None
+    node_uid: str | None = None
+    node_created: float | None = None
+    was_spot: bool | None = (
+        None  # on a spot node (an on-demand pod that cannot schedule is not "spot unavailable")
+    )
+    was_running: bool | None = None
+    pending_since: float | None = None
+    start_error_since: float | None = None  # a container that cannot start, since when
+    notice: str | None = (
+        None  # the node's reclaim notice (kept: the node may be gone at the verdict)
+    )
+    notice_at: float | None = None
+    notice_sent: bool | None = None  # relayed to the pod's annotation
+    gave_up: list[Any] | None = None  # [verdict, reason, evidence]: we deleted a pod that never ran
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | AttemptHandle) -> AttemptHandle:
+        """A stored handle (keys this version does not know are dropped)."""
+        if isinstance(d, AttemptHandle):
+            return d
+        return cls(**_known(cls, d))
+
+    def same_attempt(self, other: AttemptHandle) -> bool:
+        return (self.run_dir, self.pod, self.attempt) == (other.run_dir, other.pod, other.attempt)
+
+
+@dataclass
 class AttemptRecord:
     attempt: int
     capacity: str
-    handle: dict[str, Any]
+    handle: AttemptHandle
     launched_at: float
     step_start: int = 0
     granted_at: float | None = None  # when capacity was granted (a spot request waits before)
@@ -51,6 +99,10 @@ class AttemptRecord:
         if "launch_began_at" in d and "granted_at" not in d:
             d = {**d, "granted_at": d["launch_began_at"]}
         return cls(**_known(cls, d))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.handle, dict):  # as stored, or written by hand
+            self.handle = AttemptHandle.from_dict(self.handle)
 
 
 @dataclass
@@ -84,7 +136,10 @@ class JobState:
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for a, rec in zip(d["attempts"], self.attempts, strict=True):
+            a["handle"] = rec.handle.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobState:

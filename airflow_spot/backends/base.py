@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 from airflow_spot.exceptions import ConfigError, finite_number
+from airflow_spot.jobstate import AttemptHandle
 
 
 class State(str, Enum):
@@ -128,24 +129,35 @@ class Backend(Protocol):
     :class:`~airflow_spot.backends.kubernetes.KubernetesBackend` implement it, and a
     third-party backend is checked against it when the DAG is parsed (:func:`missing_members`).
 
-    Handles are JSON dicts the backend made in :meth:`launch`; the operator stores them and a
-    watcher (possibly another process) passes them back."""
+    Handles (:class:`~airflow_spot.jobstate.AttemptHandle`) are made by :meth:`launch`; the
+    operator stores them and a watcher (possibly in another process) passes them back."""
 
-    #: the ``kind`` of :meth:`to_dict`, by which :func:`load_backend` rebuilds it
-    kind: str
-    #: trace seconds per wall second (1.0 for real capacity)
-    time_scale: float
-    #: wall seconds a spot pool counts as down after it lost the job's capacity
-    spot_cooldown_s: float
-    #: wall seconds a preempted attempt has between the notice and the kill, where the
-    #: backend reports save times (None: it cannot say)
-    notice_to_kill_s: float | None
-    #: attempts run on the Airflow worker itself (else elsewhere: a checkpoint location must
-    #: then be one both reach, not a relative path)
-    runs_on_worker: bool
-    #: spot node pools priced and chosen by the operator (empty: a replayed market, whose
-    #: pools come with :meth:`market_spec`, or one spot placement)
-    node_pools: tuple[Any, ...]
+    @property
+    def kind(self) -> str:
+        """The ``kind`` of :meth:`to_dict`, by which :func:`load_backend` rebuilds it."""
+
+    @property
+    def time_scale(self) -> float:
+        """Trace seconds per wall second (1.0 for real capacity)."""
+
+    @property
+    def spot_cooldown_s(self) -> float:
+        """Wall seconds a spot pool counts as down after it lost the job's capacity."""
+
+    @property
+    def notice_to_kill_s(self) -> float | None:
+        """Wall seconds a preempted attempt has between the notice and the kill, where the
+        backend reports save times (None: it cannot say)."""
+
+    @property
+    def runs_on_worker(self) -> bool:
+        """Attempts run on the Airflow worker itself (else elsewhere: a checkpoint location
+        must then be one both reach, not a relative path)."""
+
+    @property
+    def node_pools(self) -> tuple[Any, ...]:
+        """Spot node pools priced and chosen by the operator (empty: a replayed market, whose
+        pools come with :meth:`market_spec`, or one spot placement)."""
 
     def market_spec(self, epoch: float) -> Any:
         """The replayed market from ``epoch`` (None where the real market is not replayed)."""
@@ -161,31 +173,32 @@ class Backend(Protocol):
         command: list[str],
         *,
         checkpoint_uri: str,
-        changeover_wall_s: float = 0.0,
-        market: Any = None,
+        changeover_wall_s: float,
+        market: Any,
         env: dict[str, str] | None = None,
         pool: str = "",
-    ) -> dict[str, Any]:
-        """Start an attempt; returns its handle."""
+    ) -> AttemptHandle:
+        """Start an attempt; returns its handle. ``market``: the replayed market of the chosen
+        pool (None on real capacity)."""
 
-    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+    def status(self, handle: AttemptHandle) -> AttemptStatus:
         """What the attempt is doing (its verdict once it ended). It only reports: what is
         due in the world (``AttemptStatus.due``) is done by :meth:`carry_out`."""
 
-    def carry_out(self, handle: dict[str, Any], status: AttemptStatus) -> None:
+    def carry_out(self, handle: AttemptHandle, status: AttemptStatus) -> None:
         """Do what ``status`` found due (relay a reclaim notice, delete a pod that will never
         run), recording it in ``handle``."""
 
-    def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:
+    def progress(self, handle: AttemptHandle) -> dict[str, Any] | None:
         """The attempt's latest progress report (None: no progress channel)."""
 
-    def cancel(self, handle: dict[str, Any]) -> AttemptStatus:
+    def cancel(self, handle: AttemptHandle) -> AttemptStatus:
         """Stop the attempt (an attempt that ended already is left for :meth:`release`)."""
 
-    def log_tail(self, handle: dict[str, Any]) -> str:
+    def log_tail(self, handle: AttemptHandle) -> str:
         """The last lines of the attempt's log (best effort)."""
 
-    def release(self, handle: dict[str, Any], outcome: str) -> None:
+    def release(self, handle: AttemptHandle, outcome: str) -> None:
         """Free what an ended attempt still holds (its pod, per the backend's policy)."""
 
 
@@ -238,7 +251,7 @@ def load_backend(settings: dict[str, Any]) -> Backend:
     raise ConfigError("backend", f"unknown backend kind {kind!r} in a stored attempt")
 
 
-def stop_and_release(backend: Backend, handle: dict[str, Any]) -> AttemptStatus:
+def stop_and_release(backend: Backend, handle: AttemptHandle) -> AttemptStatus:
     """Cancel an attempt and release what it holds: for callers that keep no record of it (a
     kill, a job replaced), so no log is read first."""
     status = backend.cancel(handle)

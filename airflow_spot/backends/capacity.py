@@ -15,8 +15,8 @@ from airflow_spot.backends.local.market import Pools
 
 # outcomes that keep a pool out for its cool-down: on a replayed market only a preemption (the
 # market says when a waiting request is granted); on node pools a spot pod pending too long too
-LOST_ON_MARKET = ("preempted",)
-LOST_ON_NODES = ("preempted", "spot_unavailable")
+LOST_ON_MARKET: tuple[str, ...] = ("preempted",)
+LOST_ON_NODES: tuple[str, ...] = ("preempted", "spot_unavailable")
 
 
 def cooling_until(

@@ -4,7 +4,6 @@ field and the fix."""
 
 from __future__ import annotations
 
-import logging
 import numbers
 import re
 from datetime import datetime, timedelta
@@ -345,7 +344,7 @@ def resolve_deadline(
     work: timedelta,
     changeover: timedelta,
     decision_interval: timedelta,
-    log: logging.Logger,
+    log: Any,
 ) -> float:
     """The deadline as wall-clock seconds, once templates are rendered (task start). It must
     leave room for the work; a decision interval too coarse for the slack left only costs
@@ -370,7 +369,7 @@ def resolve_deadline(
 
 
 def warn_of_reference_prices(
-    node_pools: Any, given: tuple[str, ...], prices: dict[str, float], log: logging.Logger
+    node_pools: Any, given: tuple[str, ...], prices: dict[str, float], log: Any
 ) -> None:
     """On real capacity, say when costs are made up from the reference prices (not given)."""
     priced = bool(node_pools) and all(p.spot_price is not None or p.price_from for p in node_pools)

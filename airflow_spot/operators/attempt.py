@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Backend, Outcome
 from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import ConfigError
-from airflow_spot.jobstate import AttemptRecord, JobState
+from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
 from airflow_spot.operators.capacity import SpotCapacity
 from airflow_spot.operators.job import JobArgs, TaskIdentity
 from airflow_spot.policy import Capacity, JobSpec
@@ -212,12 +211,7 @@ class LiveAttempt:
         return rec
 
 
-def same_attempt(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    keys = ("run_dir", "pod", "attempt")
-    return all(a.get(k) == b.get(k) for k in keys)
-
-
-def _where(handle: dict[str, Any]) -> str:
-    if "run_dir" in handle:
-        return str(handle["run_dir"])
-    return f"pod {handle.get('namespace')}/{handle.get('pod')}"
+def _where(handle: AttemptHandle) -> str:
+    if handle.run_dir is not None:
+        return handle.run_dir
+    return f"pod {handle.namespace}/{handle.pod}"

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def claim_location(
-    ckpts: Checkpoints, ti: Any, uri: str, total_steps: int | None, log: logging.Logger
+    ckpts: Checkpoints, ti: Any, uri: str, total_steps: int | None, log: Any
 ) -> None:
     """A new job whose checkpoint_uri already holds work from before it (a URI not
     templated per run): complete work is an error (nothing would be trained, and the run
@@ -53,7 +53,7 @@ def _check_owner(
     total_steps: int | None,
     fix: str,
     new_claim: str | None,
-    log: logging.Logger,
+    log: Any,
 ) -> None:
     """The last task instance that trained here: refused while Airflow says it is live, else
     its partial work is taken over (this one is recorded as the owner)."""
@@ -86,7 +86,7 @@ def _check_earlier_work(
     total_steps: int | None,
     by: str,
     fix: str,
-    log: logging.Logger,
+    log: Any,
 ) -> None:
     """Complete work already there is an error; partial work is resumed, with a warning."""
     m = ckpts.latest_manifest()

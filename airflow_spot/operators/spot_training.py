@@ -316,7 +316,7 @@ class SpotTrainingOperator(BaseOperator):
         """Stop the live attempt (runs when the worker is told to kill the task)."""
         handle = getattr(self, "_live_handle", None)
         if handle is not None:
-            self.log.warning("Task killed: cancelling attempt at %s.", handle.get("run_dir"))
+            self.log.warning("Task killed: cancelling attempt at %s.", handle.run_dir or handle.pod)
             from airflow_spot.backends.base import stop_and_release
 
             stop_and_release(self._backend(), handle)
@@ -340,7 +340,9 @@ class SpotTrainingOperator(BaseOperator):
     def _backend(self) -> Backend:
         from airflow_spot.backends.local.backend import LocalBackend
 
-        return LocalBackend() if isinstance(self.backend, str) else self.backend
+        if isinstance(self.backend, str):  # "local", checked at parse time
+            return LocalBackend()
+        return self.backend
 
     # -- what the loop is handed ------------------------------------------------------------
     def job_args(self) -> JobArgs:

@@ -3,7 +3,6 @@ reported again, one that failed for good is set aside, and a new one gets its st
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +14,7 @@ from airflow_spot.operators.job import STATE_KEY
 from airflow_spot.operators.summary import xcom_summary
 
 
-def finished_again(raw: dict[str, Any], checkpoint_uri: str, log: logging.Logger) -> Any:
+def finished_again(raw: dict[str, Any], checkpoint_uri: str, log: Any) -> Any:
     """This task instance already finished its job (retried or cleared after success): the
     checkpoint holds all the work, so report that job again rather than a new one that
     "trains" nothing at 100 % savings."""
@@ -35,7 +34,7 @@ def finished_again(raw: dict[str, Any], checkpoint_uri: str, log: logging.Logger
     )
 
 
-def set_aside_failed_job(store: Any, old: JobState, backend: Backend, log: logging.Logger) -> None:
+def set_aside_failed_job(store: Any, old: JobState, backend: Backend, log: Any) -> None:
     """Before a new job replaces one that failed for good: stop any attempt it left
     running (or fail this try) and keep its record under ``<key>.previous``."""
     live = old.live
@@ -64,7 +63,7 @@ def new_state(
     execution_timeout: timedelta | None,
     prices: dict[str, float],
     prices_given: tuple[str, ...],
-    log: logging.Logger,
+    log: Any,
 ) -> JobState:
     """A new job's state, with the replayed market from now (where there is one)."""
     market = backend.market_spec(now)  # None where the real market is not replayed

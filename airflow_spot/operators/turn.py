@@ -22,7 +22,7 @@ from airflow_spot.exceptions import (
     PreemptionBudgetExhausted,
 )
 from airflow_spot.jobstate import JobState
-from airflow_spot.operators.attempt import LiveAttempt, same_attempt
+from airflow_spot.operators.attempt import LiveAttempt
 from airflow_spot.operators.capacity import SpotCapacity
 from airflow_spot.operators.job import MIN_STEPS_FOR_RATE, JobArgs, TaskIdentity
 from airflow_spot.operators.summary import Report
@@ -88,8 +88,8 @@ class Turn:
         if event is not None and event.kind is EventKind.ERROR:
             log.warning("The watcher reported an error (%s); looking again.", event.message)
         live = st.live
-        if event is not None and event.handle and live and same_attempt(event.handle, live.handle):
-            live.handle.update(event.handle)  # what the watcher recorded (node, capacity, notices)
+        if event is not None and event.handle and live and event.handle.same_attempt(live.handle):
+            live.handle = event.handle  # what the watcher recorded (node, capacity, notices)
         spot = self.capacity.available(now)
         st.see_spot(spot, now)
         ended = self.attempt.refresh(now)

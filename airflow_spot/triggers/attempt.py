@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 from airflow_spot.backends.base import stop_and_release
+from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import SpotEvent
 from airflow_spot.triggers.watch import Watch
@@ -39,7 +40,8 @@ class AttemptTrigger(SpotPollingTrigger):
             wake_at=wake_at,
             cooling=cooling,
         )
-        self.watch = Watch(handle, market, spot_was, wake_at, backend, cooling)
+        typed = None if handle is None else AttemptHandle.from_dict(handle)
+        self.watch = Watch(typed, market, spot_was, wake_at, backend, cooling)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{AttemptTrigger.__module__}.{AttemptTrigger.__qualname__}", dict(self._kwargs)
@@ -56,7 +58,7 @@ class AttemptTrigger(SpotPollingTrigger):
 
 def attempt_trigger(
     backend: dict[str, Any],
-    handle: dict[str, Any] | None,
+    handle: AttemptHandle | None,
     *,
     market: dict[str, Any] | None,
     spot_was: bool | None,
@@ -68,7 +70,7 @@ def attempt_trigger(
     """The trigger (and, as its ``watch``, the watcher the worker polls in synchronous mode)
     for an attempt on the backend ``backend`` (its ``to_dict()``): the one place they are picked."""
     return AttemptTrigger(
-        handle=handle,
+        handle=None if handle is None else handle.to_dict(),
         backend=backend,
         market=market,
         spot_was=spot_was,

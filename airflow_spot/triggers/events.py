@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from airflow_spot.jobstate import AttemptHandle
+
 
 class EventKind(str, Enum):
     ATTEMPT_ENDED = "attempt_ended"  # the attempt has a verdict (succeeded, preempted, failed, ...)
@@ -22,9 +24,7 @@ class SpotEvent:
     spot_available: bool | None = None
     status: dict[str, Any] | None = None
     message: str = ""
-    handle: dict[str, Any] | None = (
-        None  # the watcher's copy of the attempt handle (what it recorded)
-    )
+    handle: AttemptHandle | None = None  # the watcher's copy of the handle (what it recorded)
 
     def to_payload(self) -> dict[str, Any]:
         return {
@@ -33,7 +33,7 @@ class SpotEvent:
             "spot_available": self.spot_available,
             "status": self.status,
             "message": self.message,
-            "handle": self.handle,
+            "handle": None if self.handle is None else self.handle.to_dict(),
         }
 
     @classmethod
@@ -51,5 +51,5 @@ class SpotEvent:
             payload.get("spot_available"),
             payload.get("status"),
             payload.get("message", ""),
-            payload.get("handle"),
+            None if payload.get("handle") is None else AttemptHandle.from_dict(payload["handle"]),
         )

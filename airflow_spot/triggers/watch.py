@@ -13,6 +13,7 @@ from typing import Any
 from airflow_spot.backends.base import AttemptStatus, Backend, load_backend
 from airflow_spot.backends.capacity import replayed_spot
 from airflow_spot.backends.local.market import Pools
+from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
 
@@ -20,7 +21,7 @@ from airflow_spot.triggers.events import EventKind, SpotEvent
 class Watch:
     """What to watch: an attempt (or none, while idle), the market, and when to wake anyway."""
 
-    handle: dict[str, Any] | None
+    handle: AttemptHandle | None
     market: dict[str, Any] | None
     spot_was: bool | None
     wake_at: float
@@ -51,7 +52,7 @@ class Watch:
         assert self._backend is not None
         return self._backend
 
-    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+    def status(self, handle: AttemptHandle) -> AttemptStatus:
         """The attempt's status, after doing what it found due (relaying a notice while the
         task is deferred is the watcher's job)."""
         status = self.attempts.status(handle)

@@ -14,6 +14,7 @@ import pytest
 from airflow_spot.backends.base import Outcome
 from airflow_spot.backends.local import LocalBackend, ReplayMarket
 from airflow_spot.backends.local.market import Pool
+from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.testing import scripted_trace
 
 
@@ -80,7 +81,7 @@ def test_preemption_sends_notice_then_sigterm(tmp_path: Path) -> None:
     st = _wait(b, h)
     assert st.outcome is Outcome.PREEMPTED
     assert st.exit_code == 143
-    assert (Path(h["run_dir"]) / "NOTICE").exists()
+    assert (Path(str(h.run_dir)) / "NOTICE").exists()
 
 
 def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
         "while True: time.sleep(0.1)"
     )
     h = _launch(b, market, tmp_path, "on_demand", code)
-    h_dir = Path(h["run_dir"])
+    h_dir = Path(str(h.run_dir))
     spec = json.loads((h_dir / "spec.json").read_text())
     assert spec["env"]["AIRFLOW_SPOT_CAPACITY"] == "on_demand"
     until = time.time() + 10
@@ -170,10 +171,10 @@ def test_a_leftover_attempt_is_stopped_and_set_aside(tmp_path: Path) -> None:
         time.sleep(0.05)
     h = b.launch(IDENT, 1, "on_demand", SLEEPER, **kw)
     try:
-        aside = [p for p in Path(orphan["run_dir"]).parent.iterdir() if ".leftover-" in p.name]
+        aside = [p for p in Path(str(orphan.run_dir)).parent.iterdir() if ".leftover-" in p.name]
         assert len(aside) == 1
-        assert b.status({"run_dir": str(aside[0])}).terminal  # stopped, not left running
-        assert h["run_dir"] == orphan["run_dir"] and not b.status(h).terminal
+        assert b.status(AttemptHandle(run_dir=str(aside[0]))).terminal  # stopped, not left running
+        assert h.run_dir == orphan.run_dir and not b.status(h).terminal
     finally:
         b.cancel(h)
 
@@ -256,5 +257,7 @@ def test_the_log_tail_reads_only_the_end(tmp_path: Path) -> None:
     with open(run / "attempt.log", "wb") as fh:
         fh.write(b"x" * 50_000_000 + b"\n" + b"".join(b"line %d\n" % i for i in range(100)))
     b = LocalBackend(work_dir=str(tmp_path))
-    assert b.log_tail({"run_dir": str(run)}).splitlines() == [f"line {i}" for i in range(85, 100)]
-    assert b.log_tail({"run_dir": str(tmp_path / "none")}) == "(no log)"
+    assert b.log_tail(AttemptHandle(run_dir=str(run))).splitlines() == [
+        f"line {i}" for i in range(85, 100)
+    ]
+    assert b.log_tail(AttemptHandle(run_dir=str(tmp_path / "none"))) == "(no log)"

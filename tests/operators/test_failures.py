@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
 from airflow_spot.exceptions import ConfigError
+from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.operators.turn import Turn
@@ -53,7 +54,7 @@ def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_i
     op = _op(tmp_path, timedelta(hours=1))
     with pytest.raises(TaskDeferred):
         op.execute(make_context(store, try_number=1, max_tries=1))
-    handle = store.get(STATE_KEY)["attempts"][0]["handle"]
+    handle = AttemptHandle.from_dict(store.get(STATE_KEY)["attempts"][0]["handle"])
 
     def hiccup(self, event):
         raise RuntimeError("the checkpoint store timed out")
@@ -102,7 +103,7 @@ def test_a_task_cleared_after_failing_for_good_starts_afresh(tmp_path: Path) -> 
         assert len(st["attempts"]) == 1
         assert store.get(STATE_KEY + ".previous")["failed"]["error"] == "InfeasibleDeadline"
     finally:
-        op._backend().cancel(store.get(STATE_KEY)["attempts"][0]["handle"])
+        op._backend().cancel(AttemptHandle.from_dict(store.get(STATE_KEY)["attempts"][0]["handle"]))
 
 
 def test_a_running_attempt_ahead_of_its_checkpoint_is_not_declared_late(tmp_path: Path) -> None:
@@ -197,7 +198,7 @@ def test_a_fresh_start_stops_what_the_failed_job_left_running(tmp_path: Path) ->
     finally:
         backend.cancel(handle)
         for a in store.get(STATE_KEY)["attempts"]:
-            backend.cancel(a["handle"])
+            backend.cancel(AttemptHandle.from_dict(a["handle"]))
 
 
 def test_a_failed_trigger_fails_the_try_like_any_error(tmp_path: Path) -> None:
@@ -210,7 +211,7 @@ def test_a_failed_trigger_fails_the_try_like_any_error(tmp_path: Path) -> None:
     op = _op(tmp_path, timedelta(hours=1))
     with pytest.raises(TaskDeferred):
         op.execute(make_context(store, try_number=1, max_tries=1))
-    handle = store.get(STATE_KEY)["attempts"][0]["handle"]
+    handle = AttemptHandle.from_dict(store.get(STATE_KEY)["attempts"][0]["handle"])
     crashed = {"error": "Trigger failure", "traceback": ["boom"]}
     with pytest.raises(TaskDeferralError):
         op.resume_execution("__fail__", crashed, make_context(store, try_number=1, max_tries=1))
@@ -237,7 +238,7 @@ def test_a_trigger_timeout_past_the_deadline_is_a_missed_deadline(tmp_path: Path
         op.resume_execution(
             "__fail__", {"error": "Trigger timeout"}, make_context(store, try_number=1, max_tries=3)
         )
-    assert read_status(raw["attempts"][0]["handle"]).terminal
+    assert read_status(AttemptHandle.from_dict(raw["attempts"][0]["handle"])).terminal
     assert store.get(STATE_KEY)["failed"]["error"] == "InfeasibleDeadline"
 
 
@@ -251,7 +252,7 @@ def test_a_trigger_timeout_after_the_work_finished_ends_the_job_late(tmp_path: P
     with pytest.raises(TaskDeferred):
         op.execute(make_context(store, try_number=1, max_tries=3))
     raw = store.get(STATE_KEY)
-    handle = raw["attempts"][0]["handle"]
+    handle = AttemptHandle.from_dict(raw["attempts"][0]["handle"])
     until = time.time() + 60
     while not read_status(handle).terminal and time.time() < until:
         time.sleep(0.1)
@@ -285,7 +286,7 @@ def test_execution_timeout_bounds_a_deferred_try(tmp_path: Path) -> None:
         )
     state = store.get(STATE_KEY)
     assert state["failed"]["error"] == "AirflowTaskTimeout"
-    assert read_status(state["attempts"][0]["handle"]).terminal
+    assert read_status(AttemptHandle.from_dict(state["attempts"][0]["handle"])).terminal
 
 
 @pytest.mark.parametrize("max_tries", [0, 1])
@@ -307,7 +308,7 @@ def test_execution_timeout_in_the_worker_goes_through_the_failure_handler(
     state = store.get(STATE_KEY)
     assert bool(state.get("failed")) is (max_tries == 0)
     op.on_kill()  # as the task runner does after the timeout
-    assert read_status(state["attempts"][0]["handle"]).terminal
+    assert read_status(AttemptHandle.from_dict(state["attempts"][0]["handle"])).terminal
 
 
 def test_the_policy_keeps_a_guard_for_a_slower_latest_attempt_and_noise(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
+from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
 
@@ -89,7 +90,7 @@ def test_killed_worker_reattaches_then_never_adopts_a_dead_attempt(tmp_path: Pat
         pytest.fail("try 1 never started training")
     os.kill(worker.pid, signal.SIGKILL)  # the worker dies; the detached attempt must not
     worker.wait()
-    assert not read_status(handle).terminal
+    assert not read_status(AttemptHandle.from_dict(handle)).terminal
     assert len(_supervisors(tmp_path)) == 1
 
     with pytest.raises(TaskDeferred) as deferred:  # try 2
@@ -115,7 +116,7 @@ def test_killed_worker_reattaches_then_never_adopts_a_dead_attempt(tmp_path: Pat
     assert len(st["attempts"]) == 2 and st["current"] == 1
     assert st["attempts"][1]["step_start"] > 0  # resumed from a checkpoint, not from scratch
     assert len(_supervisors(tmp_path)) == 1
-    LocalBackend().cancel(st["attempts"][1]["handle"])
+    LocalBackend().cancel(AttemptHandle.from_dict(st["attempts"][1]["handle"]))
     assert _supervisors(tmp_path) == []
 
 
@@ -130,7 +131,7 @@ def test_on_kill_leaves_no_process(tmp_path: Path, build) -> None:
     time.sleep(1.0)
     pgid = json.loads((Path(handle["run_dir"]) / "status.json").read_text()).get("pgid")
     op.on_kill()
-    assert read_status(handle).outcome.value == "cancelled"
+    assert read_status(AttemptHandle.from_dict(handle)).outcome.value == "cancelled"
     assert _supervisors(tmp_path) == []
     if pgid:
         with pytest.raises(ProcessLookupError):

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_spot.backends.base import (
     AttemptStatus,
@@ -44,6 +44,7 @@ from airflow_spot.backends.kubernetes.template import (
 )
 from airflow_spot.checkpoint.training import NOTICE_ANNOTATION
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
+from airflow_spot.jobstate import AttemptHandle
 
 log = logging.getLogger(__name__)
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label
@@ -148,7 +149,8 @@ class KubernetesBackend:
     kind = "kubernetes"
     runs_on_worker = False
     time_scale = 1.0
-    notice_to_kill_s = None  # a pod's grace is its node's, and pods report no save times
+    # a pod's grace is its node's, and pods report no save times
+    notice_to_kill_s: ClassVar[float | None] = None
 
     @property
     def node_pools(self) -> tuple[KubePool, ...]:
@@ -306,7 +308,7 @@ class KubernetesBackend:
         market: Any = None,
         env: dict[str, str] | None = None,
         pool: str = "",  # noqa: ARG002
-    ) -> dict[str, Any]:
+    ) -> AttemptHandle:
         """Create the attempt's pod (after removing any leftover pod of this task)."""
         from airflow_spot.backends.kubernetes.pods import build_pod, pod_name, task_labels
 
@@ -367,70 +369,68 @@ class KubernetesBackend:
             self.api.create_namespaced_pod(self.namespace, pod)
         except ApiException as e:
             raise BackendError(f"could not create pod {name}: {e.status} {e.reason}") from e
-        return {
-            "kind": "kubernetes",
-            "namespace": self.namespace,
-            "pod": name,
-            "capacity": capacity,
-            "attempt": attempt,
-            "launched_at": time.time(),
-            "node": None,
-            "was_spot": capacity
-            == "spot",  # an on-demand pod that cannot schedule is not "spot unavailable"
-            "was_running": False,
-            "notice_sent": False,
-            "pending_since": time.time(),
-        }
+        now = time.time()
+        return AttemptHandle(
+            launched_at=now,
+            kind="kubernetes",
+            attempt=attempt,
+            capacity=capacity,
+            namespace=self.namespace,
+            pod=name,
+            # an on-demand pod that cannot schedule is not "spot unavailable"
+            was_spot=capacity == "spot",
+            was_running=False,
+            notice_sent=False,
+            pending_since=now,
+        )
 
-    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+    def status(self, handle: AttemptHandle) -> AttemptStatus:
         """Read pod, node and events and classify. Records what it saw in ``handle`` (the
         pod's node, capacity and notice, kept for a verdict after the node is gone); changes
         nothing in the cluster: what is due there is in ``due``, for :meth:`carry_out`."""
-        pod = self._read_pod(handle["pod"])
-        node_name = (pod.spec.node_name if pod is not None and pod.spec else None) or handle.get(
-            "node"
-        )
+        pod = self._read_pod(_pod(handle))
+        node_name = (pod.spec.node_name if pod is not None and pod.spec else None) or handle.node
         node = self._read_node(node_name) if node_name else None
         if pod is not None and pod.metadata is not None and pod.metadata.uid:
-            handle["pod_uid"] = pod.metadata.uid
-        if node is not None and node.metadata is not None and "node_uid" not in handle:
-            handle["node_uid"] = node.metadata.uid  # the node the pod ran on, not a namesake
-            handle["node_created"] = _ts(node.metadata.creation_timestamp)
+            handle.pod_uid = pod.metadata.uid
+        if node is not None and node.metadata is not None and handle.node_uid is None:
+            handle.node_uid = node.metadata.uid  # the node the pod ran on, not a namesake
+            handle.node_created = _ts(node.metadata.creation_timestamp)
         events = self._events(handle, node_name)
         if pod is not None and node is not None:
-            handle["node"] = node_name
+            handle.node = node_name
             spot = node_is_spot(node)
             if spot is not None:
-                handle["was_spot"] = spot
+                handle.was_spot = spot
         phase = pod.status.phase if pod is not None and pod.status else None
         if phase == "Running":
-            handle["was_running"] = True
+            handle.was_running = True
         if phase != "Pending":
-            handle["pending_since"] = None
+            handle.pending_since = None
         notice = (
             interruption_notice(node, [e for e in events if _kind(e) != "Pod"])
             if node is not None
             else None
         )
         if notice:
-            handle["notice"] = notice  # kept: the node (and its taints) may be gone at the verdict
-            handle.setdefault("notice_at", time.time())
+            handle.notice = notice  # kept: the node (and its taints) may be gone at the verdict
+            if handle.notice_at is None:
+                handle.notice_at = time.time()
         due: list[str] = []
-        if notice and pod is not None and phase == "Running" and not handle.get("notice_sent"):
+        if notice and pod is not None and phase == "Running" and not handle.notice_sent:
             due.append(RELAY_NOTICE)
-        pending_for = time.time() - handle["pending_since"] if handle.get("pending_since") else 0.0
+        pending_for = time.time() - handle.pending_since if handle.pending_since else 0.0
         if phase == "Pending" and container_start_error(pod):
-            handle.setdefault("start_error_since", time.time())
+            if handle.start_error_since is None:
+                handle.start_error_since = time.time()
         else:
-            handle.pop("start_error_since", None)
+            handle.start_error_since = None
         start_error_for = (
-            time.time() - handle["start_error_since"] if "start_error_since" in handle else 0.0
+            time.time() - handle.start_error_since if handle.start_error_since is not None else 0.0
         )
         granted, started, finished = _times(pod)
-        notice_age = (
-            (finished or time.time()) - handle["notice_at"] if handle.get("notice_at") else None
-        )
-        gave_up = handle.get("gave_up")  # we deleted it: the 404 now is ours, not a reclaim
+        notice_age = (finished or time.time()) - handle.notice_at if handle.notice_at else None
+        gave_up = handle.gave_up  # we deleted it: the 404 now is ours, not a reclaim
         verdict = (
             Classification(Verdict(gave_up[0]), gave_up[1], tuple(gave_up[2]))
             if pod is None and gave_up
@@ -438,11 +438,11 @@ class KubernetesBackend:
                 pod,
                 node,
                 events,
-                was_spot=handle.get("was_spot"),
-                was_running=bool(handle.get("was_running")),
+                was_spot=handle.was_spot,
+                was_running=bool(handle.was_running),
                 pending_for_s=pending_for,
                 pending_timeout_s=self.pending_timeout_s,
-                notice=handle.get("notice"),
+                notice=handle.notice,
                 notice_age_s=notice_age,
                 start_error_for_s=start_error_for,
             )
@@ -454,31 +454,31 @@ class KubernetesBackend:
         if verdict.default_used:
             log.warning(
                 "Pod %s: no known signal (%s); treating it as an infrastructure disruption.",
-                handle["pod"],
+                _pod(handle),
                 verdict.reason,
             )
-        base = dict(
-            capacity=handle["capacity"],
-            attempt=int(handle["attempt"]),
-            launched_at=float(handle["launched_at"]),
+        base: dict[str, Any] = dict(
+            capacity=handle.capacity or "",
+            attempt=int(handle.attempt or 0),
+            launched_at=float(handle.launched_at or 0),
             granted_at=granted,
             started_at=started,
             heartbeat=time.time(),
             due=tuple(due),
             evidence={
-                "node": handle.get("node"),
-                "spot_node": handle.get("was_spot"),
+                "node": handle.node,
+                "spot_node": handle.was_spot,
                 "signals": list(verdict.evidence),
-                "notice": handle.get("notice"),
+                "notice": handle.notice,
             },
         )
         if verdict.verdict is Verdict.RUNNING:
             return AttemptStatus(
-                State.PREEMPTING if handle.get("notice_sent") or due else State.RUNNING, **base
+                State.PREEMPTING if handle.notice_sent or due else State.RUNNING, **base
             )
         if verdict.verdict is Verdict.PENDING:
             return AttemptStatus(
-                State.WAITING if handle["capacity"] == "spot" else State.LAUNCHING, **base
+                State.WAITING if handle.capacity == "spot" else State.LAUNCHING, **base
             )
         exit_code = _exit_code(pod)
         return AttemptStatus(
@@ -490,43 +490,42 @@ class KubernetesBackend:
             **base,
         )
 
-    def carry_out(self, handle: dict[str, Any], status: AttemptStatus) -> None:
+    def carry_out(self, handle: AttemptHandle, status: AttemptStatus) -> None:
         """Do what ``status`` found due: relay the node's reclaim notice to the pod (so the
         container checkpoints now), or delete a pod that will never run (its verdict is kept
         in the handle: the 404 that follows is ours, not a reclaim)."""
-        if RELAY_NOTICE in status.due and not handle.get("notice_sent"):
-            self._relay_notice(handle["pod"], str(handle.get("notice")))
-            handle["notice_sent"] = True
-        if GIVE_UP in status.due and not handle.get("gave_up"):
-            log.warning("Pod %s: %s; deleting it.", handle["pod"], status.reason)
+        if RELAY_NOTICE in status.due and not handle.notice_sent:
+            self._relay_notice(_pod(handle), str(handle.notice))
+            handle.notice_sent = True
+        if GIVE_UP in status.due and not handle.gave_up:
+            log.warning("Pod %s: %s; deleting it.", _pod(handle), status.reason)
             outcome = status.outcome.value if status.outcome else ""
             verdict = next(v for v, o in OUTCOMES.items() if o.value == outcome)
-            handle["gave_up"] = [verdict.value, status.reason, status.evidence["signals"]]
-            self._delete(handle["pod"], grace=0)
+            handle.gave_up = [verdict.value, status.reason, status.evidence["signals"]]
+            self._delete(_pod(handle), grace=0)
 
-    def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:  # noqa: ARG002
+    def progress(self, handle: AttemptHandle) -> dict[str, Any] | None:  # noqa: ARG002
         return None  # measured from checkpoints by the controller
 
-    def cancel(self, handle: dict[str, Any], wait_s: float = 60.0) -> AttemptStatus:
+    def cancel(self, handle: AttemptHandle, wait_s: float = 60.0) -> AttemptStatus:
         """Delete the pod and wait until it is gone (even if its status cannot be read). A pod
         that already ended is left for the caller's :meth:`release` (after its log is read)."""
         try:
-            st: AttemptStatus | None = self.status(handle)
-            self.carry_out(handle, st)
+            seen = self.status(handle)
+            self.carry_out(handle, seen)
+            st: AttemptStatus | None = seen
         except Exception as e:  # noqa: BLE001 - a pod we cannot read must still go
-            log.warning(
-                "Pod %s: cannot read its status (%s); deleting it anyway.", handle["pod"], e
-            )
+            log.warning("Pod %s: cannot read its status (%s); deleting it anyway.", _pod(handle), e)
             st = None
         if st is not None and st.terminal:
             return st  # ended on its own: the caller reads its log, then cleans up
-        self._delete(handle["pod"], grace=self.grace_period_s)
-        self._wait_gone(handle["pod"], wait_s)
+        self._delete(_pod(handle), grace=self.grace_period_s)
+        self._wait_gone(_pod(handle), wait_s)
         return AttemptStatus(
             State.ENDED,
-            handle["capacity"],
-            int(handle["attempt"]),
-            float(handle["launched_at"]),
+            handle.capacity or "",
+            int(handle.attempt or 0),
+            float(handle.launched_at or 0),
             started_at=st.started_at if st else None,
             granted_at=st.granted_at if st else None,
             ended_at=time.time(),
@@ -534,13 +533,13 @@ class KubernetesBackend:
             reason="pod deleted by the controller",
         )
 
-    def log_tail(self, handle: dict[str, Any], lines: int = 15) -> str:
+    def log_tail(self, handle: AttemptHandle, lines: int = 15) -> str:
         try:
             # raw bytes: kubernetes-client 36 returns str(b'...') when it decodes the log itself
             resp = self.api.read_namespaced_pod_log(
-                handle["pod"],
+                _pod(handle),
                 self.namespace,
-                container=self._failed_container(handle["pod"]),
+                container=self._failed_container(_pod(handle)),
                 tail_lines=lines,
                 _preload_content=False,
             )
@@ -553,12 +552,12 @@ class KubernetesBackend:
         failed = _failed_init(self._read_pod(pod_name))
         return failed.name if failed is not None else "train"
 
-    def release(self, handle: dict[str, Any], outcome: str) -> None:
+    def release(self, handle: AttemptHandle, outcome: str) -> None:
         """Delete an ended attempt's pod per ``delete_pods``."""
         if self.delete_pods == "always" or (
             self.delete_pods == "on_success" and outcome == Outcome.SUCCEEDED.value
         ):
-            self._delete(handle["pod"], grace=0)
+            self._delete(_pod(handle), grace=0)
 
     # -- API helpers ------------------------------------------------------------------------
     def _read_pod(self, name: str):
@@ -593,16 +592,16 @@ class KubernetesBackend:
             hint = RBAC_HINT if e.status == 403 else ""
             raise BackendError(f"reading node {name}: {e.status} {e.reason}{hint}") from e
 
-    def _events(self, handle: dict[str, Any], node_name: str | None) -> list[Any]:
+    def _events(self, handle: AttemptHandle, node_name: str | None) -> list[Any]:
         """Events of this pod and its node. Names are reused (a cleared task's attempt 1, a
         recreated GKE VM), and events outlive their object by an hour: an event of another
         object with the same name (other uid, or from before this one existed) is left out."""
         out = [
             e
             for e in self.api.list_namespaced_event(
-                self.namespace, field_selector=f"involvedObject.name={handle['pod']}"
+                self.namespace, field_selector=f"involvedObject.name={_pod(handle)}"
             ).items
-            if _same_object(e, handle.get("pod_uid"), handle.get("launched_at"))
+            if _same_object(e, handle.pod_uid, handle.launched_at)
         ]
         if node_name:
             from kubernetes.client.exceptions import ApiException
@@ -619,9 +618,7 @@ class KubernetesBackend:
             out += [
                 e
                 for e in node_events
-                if _same_object(
-                    e, handle.get("node_uid"), handle.get("node_created"), alias=node_name
-                )
+                if _same_object(e, handle.node_uid, handle.node_created, alias=node_name)
             ]
         return out
 
@@ -644,6 +641,13 @@ class KubernetesBackend:
         except ApiException as e:
             if e.status != 404:
                 raise BackendError(f"deleting pod {name}: {e.status} {e.reason}") from e
+
+
+def _pod(handle: AttemptHandle) -> str:
+    """The pod of a Kubernetes attempt's handle."""
+    if handle.pod is None:
+        raise BackendError(f"not a Kubernetes attempt's handle: {handle.to_dict()}")
+    return handle.pod
 
 
 def _placement_from(d: dict[str, Any]) -> Placement:

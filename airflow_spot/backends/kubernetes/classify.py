@@ -18,15 +18,17 @@ The signals and their sources are in ``../shared/research/anchors.md`` section 2
   ``kubernetes.azure.com/scalesetpriority=spot`` and "Preempt" scheduled events [Z1, Z2];
 * ``OOMKilled`` and non-zero exits on healthy capacity (application failures).
 
-Anything else falls to a safe default (infrastructure disruption: retried without spending
-the user's failure budget) and the caller logs it.
+Each signal is read by one small rule; :data:`RULES` holds them in order and the first that
+answers decides. Anything else falls to a safe default (infrastructure disruption: retried
+without spending the user's failure budget) and the caller logs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 
@@ -222,6 +224,375 @@ def _cloud_evidence(node: Mapping[str, Any], events: list[dict[str, Any]]) -> li
     return out
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What :func:`classify` reads: the pod, its node and their events as API dicts, and what
+    the caller recorded earlier (see :func:`classify` for each record)."""
+
+    pod: dict[str, Any]  # {} when the pod is gone (404)
+    node: dict[str, Any]  # {} when unknown or gone
+    events: tuple[dict[str, Any], ...] = ()
+    node_absent: bool = False  # ``None`` was given for the node (not merely an empty one)
+    was_spot: bool | None = None
+    was_running: bool = False
+    pending_for_s: float = 0.0
+    pending_timeout_s: float = 600.0
+    notice: str | None = None
+    notice_age_s: float | None = None
+    start_error_for_s: float = 0.0
+    # derived at construction: the capacity (the node's labels, else the recorded capacity)
+    # and the cloud's own word that the capacity is being reclaimed
+    spot: bool | None = field(init=False)
+    cloud: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        spot = node_is_spot(self.node) if self.node else None
+        object.__setattr__(self, "spot", self.was_spot if spot is None else spot)
+        cloud = _cloud_evidence(self.node, list(self.events)) if (self.node or self.events) else []
+        if self.notice and self.notice.startswith(CLOUD_NOTICES):
+            cloud.append(f"recorded notice: {self.notice}")
+        object.__setattr__(self, "cloud", tuple(cloud))
+
+    @classmethod
+    def of(cls, pod: Any, node: Any = None, events: Iterable[Any] = (), **records: Any) -> Facts:
+        """The facts of Kubernetes model objects or API dicts; ``records`` as :func:`classify`."""
+        p, n = _d(pod), _d(node)
+        return cls(p, n, tuple(_d(e) for e in events), node_absent=node is None, **records)
+
+    @cached_property
+    def status(self) -> Mapping[str, Any]:
+        return _g(self.pod, "status") or {}
+
+    @cached_property
+    def phase(self) -> str:
+        return _g(self.status, "phase") or "Pending"
+
+    @cached_property
+    def conditions(self) -> dict[Any, Any]:
+        """The pod's conditions by type."""
+        return {(_g(c, "type")): c for c in _g(self.status, "conditions") or []}
+
+    @cached_property
+    def disruption(self) -> tuple[str, str] | None:
+        """(reason, message) of a true ``DisruptionTarget`` condition."""
+        dt = self.conditions.get("DisruptionTarget")
+        if dt is None or _g(dt, "status") != "True":
+            return None
+        return _g(dt, "reason") or "", str(_g(dt, "message") or "")
+
+    @cached_property
+    def status_reason(self) -> Any:
+        return _g(self.status, "reason")
+
+    @cached_property
+    def status_message(self) -> str:
+        return str(_g(self.status, "message") or "")
+
+    @cached_property
+    def node_not_ready(self) -> bool:
+        """The node's Ready condition is there and not True."""
+        conds = _g(_g(self.node, "status") or {}, "conditions") or []
+        ready = next((c for c in conds if _g(c, "type") == "Ready"), None)
+        return ready is not None and _g(ready, "status") != "True"
+
+    @cached_property
+    def terminated(self) -> list[Any]:
+        """Terminated states of the containers, and of the init containers that failed the pod.
+
+        An init container that failed (restartPolicy Never) fails the pod before "train" starts:
+        its exit code and OOM kill count like the main container's. A native sidecar (an init
+        container with restartPolicy Always) that died is restarted by the kubelet: not counted.
+        """
+        out = []
+        for cs in _g(self.status, "container_statuses", "containerStatuses") or []:
+            t = _g(_g(cs, "state") or {}, "terminated")
+            if t:
+                out.append(t)
+        sidecars = {
+            _g(c, "name")
+            for c in _g(_g(self.pod, "spec") or {}, "init_containers", "initContainers") or []
+            if _g(c, "restart_policy", "restartPolicy") == "Always"
+        }
+        for cs in _g(self.status, "init_container_statuses", "initContainerStatuses") or []:
+            t = _g(_g(cs, "state") or {}, "terminated")
+            if (
+                self.phase == "Failed"
+                and t
+                and _g(cs, "name") not in sidecars
+                and (
+                    _g(t, "exit_code", "exitCode") not in (None, 0)
+                    or _g(t, "reason") == "OOMKilled"
+                )
+            ):
+                out.append(t)
+        return out
+
+    @cached_property
+    def bad_exits(self) -> list[Any]:
+        """The non-zero exit codes among :attr:`terminated`."""
+        codes = [_g(t, "exit_code", "exitCode") for t in self.terminated]
+        return [c for c in codes if c not in (None, 0)]
+
+
+Rule = Callable[[Facts], Classification | None]
+
+
+def _reclaimed(f: Facts, why: str, *evidence: str) -> Classification:
+    """Preempted on spot capacity or with the cloud's word; else an infrastructure disruption."""
+    ev = tuple(evidence) + f.cloud
+    if f.spot or f.cloud:
+        return Classification(Verdict.PREEMPTED, why, ev)
+    return Classification(Verdict.INFRA_DISRUPTION, f"{why} (not on spot capacity)", ev)
+
+
+def _infra(reason: str, *evidence: str, default_used: bool = False) -> Classification:
+    """An infrastructure disruption: retried without spending the user's failure budget."""
+    return Classification(Verdict.INFRA_DISRUPTION, reason, evidence, default_used=default_used)
+
+
+def pod_vanished(f: Facts) -> Classification | None:
+    """The pod is gone (404): reclaimed if it had run (or ran on spot), else lost before it ran."""
+    if f.pod:
+        return None
+    if f.was_running or f.was_spot:
+        return _reclaimed(f, "the pod vanished (404) after running", "pod not found")
+    return _infra("the pod vanished (404) before it ran", "pod not found")
+
+
+def pod_succeeded(f: Facts) -> Classification | None:
+    """Phase ``Succeeded``."""
+    return (
+        Classification(Verdict.SUCCEEDED, "the pod succeeded") if f.phase == "Succeeded" else None
+    )
+
+
+def kubelet_termination(f: Facts) -> Classification | None:
+    """``DisruptionTarget/TerminationByKubelet``: a graceful node shutdown or a kubelet eviction."""
+    if f.disruption is None or f.disruption[0] != "TerminationByKubelet":
+        return None
+    reason, msg = f.disruption
+    if (
+        f.status_reason in SHUTDOWN_REASONS
+        or any(m in msg or m in f.status_message for m in SHUTDOWN_MESSAGES)
+        or "shutdown" in msg.lower()
+    ):
+        return _reclaimed(f, "graceful node shutdown", f"DisruptionTarget/{reason}")
+    return _infra(f"evicted by the kubelet: {msg or 'node pressure'}", f"DisruptionTarget/{reason}")
+
+
+def node_lost_condition(f: Facts) -> Classification | None:
+    """``DisruptionTarget/DeletionByPodGC`` or ``DeletionByTaintManager``: the node was lost."""
+    if f.disruption is None or f.disruption[0] not in ("DeletionByPodGC", "DeletionByTaintManager"):
+        return None
+    reason = f.disruption[0]
+    why = "the node was lost" if reason == "DeletionByPodGC" else "the node became unreachable"
+    return _reclaimed(f, why, f"DisruptionTarget/{reason}")
+
+
+def drain_eviction(f: Facts) -> Classification | None:
+    """``DisruptionTarget/EvictionByEvictionAPI``: a drain; a spot one if the cloud says so."""
+    if f.disruption is None or f.disruption[0] != "EvictionByEvictionAPI":
+        return None
+    evidence = f"DisruptionTarget/{f.disruption[0]}"
+    if f.cloud:
+        return Classification(
+            Verdict.PREEMPTED, "drained for a spot interruption", (evidence, *f.cloud)
+        )
+    return _infra("evicted by a drain without cloud evidence", evidence)
+
+
+def scheduler_preemption(f: Facts) -> Classification | None:
+    """``DisruptionTarget/PreemptionByScheduler``: a higher-priority pod took the place."""
+    if f.disruption is None or f.disruption[0] != "PreemptionByScheduler":
+        return None
+    return _infra(
+        "preempted by the scheduler for a higher-priority pod",
+        f"DisruptionTarget/{f.disruption[0]}",
+    )
+
+
+def other_disruption(f: Facts) -> Classification | None:
+    """Any other ``DisruptionTarget`` reason on a failed pod (safe default)."""
+    if f.disruption is None or f.phase != "Failed":
+        return None
+    reason = f.disruption[0]
+    return _infra(f"disruption {reason}", f"DisruptionTarget/{reason}", default_used=True)
+
+
+def kubelet_shutdown_status(f: Facts) -> Classification | None:
+    """A failed pod's ``status.reason`` / ``message`` of the kubelet's graceful node shutdown."""
+    if f.phase != "Failed" or not (
+        f.status_reason in SHUTDOWN_REASONS or any(m in f.status_message for m in SHUTDOWN_MESSAGES)
+    ):
+        return None
+    return _reclaimed(
+        f, "graceful node shutdown (kubelet status)", f"status.reason={f.status_reason}"
+    )
+
+
+def evicted_status(f: Facts) -> Classification | None:
+    """``status.reason`` ``Evicted`` on a failed pod: node pressure on K8s < 1.26 (no condition)."""
+    if f.phase != "Failed" or f.status_reason != "Evicted":
+        return None
+    if f.cloud:
+        return _reclaimed(f, "evicted while the node was being reclaimed", "status.reason=Evicted")
+    return _infra(
+        f"evicted by the kubelet: {f.status_message or 'node pressure'}", "status.reason=Evicted"
+    )
+
+
+def node_lost_while_running(f: Facts) -> Classification | None:
+    """The node gone, or NotReady on spot or with cloud evidence, while the pod ran."""
+    node_gone = f.was_running and f.node_absent and f.phase == "Running" and f.was_spot
+    not_ready = f.node_not_ready
+    if f.phase not in ("Running", "Unknown") or not (
+        node_gone or (not_ready and (f.spot or f.cloud))
+    ):
+        return None
+    return _reclaimed(
+        f,
+        "the node was lost while the pod ran",
+        *(
+            f"event {_g(e, 'reason')}"
+            for e in f.events
+            if _g(e, "reason") in NODE_LOSS_EVENT_REASONS
+        ),
+        "node gone" if node_gone else "node NotReady",
+    )
+
+
+def oom_killed(f: Facts) -> Classification | None:
+    """A container (or an init container that failed the pod) terminated ``OOMKilled``."""
+    if not any((_g(t, "reason") or "") == "OOMKilled" for t in f.terminated):
+        return None
+    return Classification(
+        Verdict.OOM_KILLED, "a container was OOM-killed (memory limit)", ("OOMKilled",)
+    )
+
+
+def signal_after_notice(f: Facts) -> Classification | None:
+    """Signal exits (130, 137, 143) of a failed pod after a fresh reclaim notice."""
+    if f.phase != "Failed":
+        return None
+    bad = f.bad_exits
+    fresh = f.notice_age_s is None or f.notice_age_s <= NOTICE_WINDOW_S
+    if not (bad and f.notice and fresh and all(c in SIGNAL_EXITS for c in bad)):
+        return None
+    return _reclaimed(
+        f, f"stopped (exit {bad[0]}) after the reclaim notice", f"exit {bad[0]}", f.notice
+    )
+
+
+def exit_on_healthy_capacity(f: Facts) -> Classification | None:
+    """Non-zero exits of a failed pod with no cloud evidence and no NotReady node."""
+    bad = f.bad_exits
+    if f.phase != "Failed" or not bad or f.cloud or f.node_not_ready:
+        return None
+    return Classification(
+        Verdict.APP_FAILURE,
+        f"exit code {bad[0]} on healthy capacity",
+        tuple(f"exit {c}" for c in bad),
+    )
+
+
+def exit_while_reclaimed(f: Facts) -> Classification | None:
+    """Non-zero exits of a failed pod with cloud evidence or a NotReady node."""
+    bad = f.bad_exits
+    if f.phase != "Failed" or not bad or not (f.cloud or f.node_not_ready):
+        return None
+    return _reclaimed(
+        f, f"killed (exit {bad[0]}) while the node was being reclaimed", f"exit {bad[0]}"
+    )
+
+
+def failed_unexplained(f: Facts) -> Classification | None:
+    """Phase ``Failed`` that no signal above explains (safe default)."""
+    if f.phase != "Failed":
+        return None
+    return _infra(
+        f"failed without a known signal (reason {f.status_reason!r})",
+        f"status.reason={f.status_reason}",
+        default_used=True,
+    )
+
+
+def container_cannot_start(f: Facts) -> Classification | None:
+    """A pending pod's container waiting on an image or config error (fatal ones at once)."""
+    start_error = container_start_error(f.pod) if f.phase == "Pending" else None
+    if not start_error or not (
+        start_error[0] in CONTAINER_START_FATAL or f.start_error_for_s >= f.pending_timeout_s
+    ):
+        return None
+    reason, msg = start_error
+    return Classification(
+        Verdict.APP_FAILURE,
+        f"the container cannot start ({reason}"
+        + (f" for {f.start_error_for_s:.0f} s" if f.start_error_for_s else "")
+        + f"): {msg or 'check the image name, its registry credentials and the pod config'}",
+        (f"waiting/{reason}",),
+    )
+
+
+def unschedulable_too_long(f: Facts) -> Classification | None:
+    """Condition ``PodScheduled=False/Unschedulable`` of a pending pod past ``pending_timeout_s``."""
+    if f.phase != "Pending":
+        return None
+    sched = f.conditions.get("PodScheduled")
+    unschedulable = (
+        sched is not None
+        and _g(sched, "status") == "False"
+        and _g(sched, "reason") == "Unschedulable"
+    )
+    if not (unschedulable and f.pending_for_s >= f.pending_timeout_s):
+        return None
+    return Classification(
+        Verdict.SPOT_UNAVAILABLE if f.was_spot is not False else Verdict.INFRA_DISRUPTION,
+        f"unschedulable for {f.pending_for_s:.0f} s: {_g(sched, 'message') or 'no capacity'}",
+        ("PodScheduled=False/Unschedulable",),
+    )
+
+
+def still_pending(f: Facts) -> Classification | None:
+    """Phase ``Pending``."""
+    return Classification(Verdict.PENDING, "pending") if f.phase == "Pending" else None
+
+
+def still_running(f: Facts) -> Classification | None:
+    """Phase ``Running``."""
+    return Classification(Verdict.RUNNING, "running") if f.phase == "Running" else None
+
+
+def unknown_phase(f: Facts) -> Classification | None:
+    """Any other phase (safe default): answers every pod, so it comes last."""
+    return _infra(f"unknown pod phase {f.phase!r}", f"phase={f.phase}", default_used=True)
+
+
+# The rules in order: the first that answers (not None) decides. Order matters: a rule may
+# count on the ones above it having passed (the exits after the notice before the other exits).
+RULES: tuple[Rule, ...] = (
+    pod_vanished,
+    pod_succeeded,
+    kubelet_termination,
+    node_lost_condition,
+    drain_eviction,
+    scheduler_preemption,
+    other_disruption,
+    kubelet_shutdown_status,
+    evicted_status,
+    node_lost_while_running,
+    oom_killed,
+    signal_after_notice,
+    exit_on_healthy_capacity,
+    exit_while_reclaimed,
+    failed_unexplained,
+    container_cannot_start,
+    unschedulable_too_long,
+    still_pending,
+    still_running,
+    unknown_phase,
+)
+
+
 def classify(
     pod: Any,
     node: Any = None,
@@ -235,7 +606,7 @@ def classify(
     notice_age_s: float | None = None,
     start_error_for_s: float = 0.0,
 ) -> Classification:
-    """Classify a training pod.
+    """Classify a training pod: the first of :data:`RULES` that answers.
 
     :param pod: the pod, or ``None`` if it is gone (404).
     :param node: its node, or ``None`` if unknown or gone.
@@ -248,185 +619,20 @@ def classify(
     :param start_error_for_s: how long a container has been unable to start (image pull or
         container config error); past ``pending_timeout_s`` the attempt fails.
     """
-    p, n = _d(pod), _d(node)
-    evs = [_d(e) for e in events]
-    spot = node_is_spot(n) if n else None
-    spot = was_spot if spot is None else spot
-    cloud = _cloud_evidence(n, evs) if (n or evs) else []
-    if notice and notice.startswith(CLOUD_NOTICES):
-        cloud.append(f"recorded notice: {notice}")
-
-    def reclaimed(why: str, *evidence: str) -> Classification:
-        ev = tuple(evidence) + tuple(cloud)
-        if spot or cloud:
-            return Classification(Verdict.PREEMPTED, why, ev)
-        return Classification(Verdict.INFRA_DISRUPTION, f"{why} (not on spot capacity)", ev)
-
-    if not p:
-        if was_running or was_spot:
-            return reclaimed("the pod vanished (404) after running", "pod not found")
-        return Classification(
-            Verdict.INFRA_DISRUPTION, "the pod vanished (404) before it ran", ("pod not found",)
-        )
-    status = _g(p, "status") or {}
-    phase = _g(status, "phase") or "Pending"
-    if phase == "Succeeded":
-        return Classification(Verdict.SUCCEEDED, "the pod succeeded")
-
-    conds = {(_g(c, "type")): c for c in _g(status, "conditions") or []}
-    dt = conds.get("DisruptionTarget")
-    if dt is not None and _g(dt, "status") == "True":
-        reason = _g(dt, "reason") or ""
-        msg = str(_g(dt, "message") or "")
-        evidence = f"DisruptionTarget/{reason}"
-        if reason == "TerminationByKubelet":
-            if (
-                _g(status, "reason") in SHUTDOWN_REASONS
-                or any(m in msg or m in str(_g(status, "message") or "") for m in SHUTDOWN_MESSAGES)
-                or "shutdown" in msg.lower()
-            ):
-                return reclaimed("graceful node shutdown", evidence)
-            return Classification(
-                Verdict.INFRA_DISRUPTION,
-                f"evicted by the kubelet: {msg or 'node pressure'}",
-                (evidence,),
-            )
-        if reason in ("DeletionByPodGC", "DeletionByTaintManager"):
-            return reclaimed(
-                "the node was lost"
-                if reason == "DeletionByPodGC"
-                else "the node became unreachable",
-                evidence,
-            )
-        if reason == "EvictionByEvictionAPI":
-            if cloud:
-                return Classification(
-                    Verdict.PREEMPTED, "drained for a spot interruption", (evidence, *cloud)
-                )
-            return Classification(
-                Verdict.INFRA_DISRUPTION, "evicted by a drain without cloud evidence", (evidence,)
-            )
-        if reason == "PreemptionByScheduler":
-            return Classification(
-                Verdict.INFRA_DISRUPTION,
-                "preempted by the scheduler for a higher-priority pod",
-                (evidence,),
-            )
-        if reason == "TerminationByKubelet" or phase == "Failed":
-            return Classification(
-                Verdict.INFRA_DISRUPTION, f"disruption {reason}", (evidence,), default_used=True
-            )
-
-    s_reason, s_msg = _g(status, "reason"), str(_g(status, "message") or "")
-    if phase == "Failed" and (
-        s_reason in SHUTDOWN_REASONS or any(m in s_msg for m in SHUTDOWN_MESSAGES)
-    ):
-        return reclaimed("graceful node shutdown (kubelet status)", f"status.reason={s_reason}")
-    if phase == "Failed" and s_reason == "Evicted":  # node pressure on K8s < 1.26 (no condition)
-        if cloud:
-            return reclaimed("evicted while the node was being reclaimed", "status.reason=Evicted")
-        return Classification(
-            Verdict.INFRA_DISRUPTION,
-            f"evicted by the kubelet: {s_msg or 'node pressure'}",
-            ("status.reason=Evicted",),
-        )
-
-    node_gone = was_running and not n and node is None and phase == "Running" and was_spot
-    node_lost_events = [
-        f"event {_g(e, 'reason')}" for e in evs if _g(e, "reason") in NODE_LOSS_EVENT_REASONS
-    ]
-    ready = next(
-        (c for c in _g(_g(n, "status") or {}, "conditions") or [] if _g(c, "type") == "Ready"), None
+    facts = Facts.of(
+        pod,
+        node,
+        events,
+        was_spot=was_spot,
+        was_running=was_running,
+        pending_for_s=pending_for_s,
+        pending_timeout_s=pending_timeout_s,
+        notice=notice,
+        notice_age_s=notice_age_s,
+        start_error_for_s=start_error_for_s,
     )
-    node_not_ready = ready is not None and _g(ready, "status") != "True"
-    if phase in ("Running", "Unknown") and (node_gone or (node_not_ready and (spot or cloud))):
-        return reclaimed(
-            "the node was lost while the pod ran",
-            *node_lost_events,
-            "node gone" if node_gone else "node NotReady",
-        )
-
-    terminated = []
-    for cs in _g(status, "container_statuses", "containerStatuses") or []:
-        t = _g(_g(cs, "state") or {}, "terminated")
-        if t:
-            terminated.append(t)
-    # an init container that failed (restartPolicy Never) fails the pod before "train" starts:
-    # its exit code and OOM kill count like the main container's. A native sidecar (an init
-    # container with restartPolicy Always) that died is restarted by the kubelet: not counted.
-    sidecars = {
-        _g(c, "name")
-        for c in _g(_g(p, "spec") or {}, "init_containers", "initContainers") or []
-        if _g(c, "restart_policy", "restartPolicy") == "Always"
-    }
-    for cs in _g(status, "init_container_statuses", "initContainerStatuses") or []:
-        t = _g(_g(cs, "state") or {}, "terminated")
-        if (
-            phase == "Failed"
-            and t
-            and _g(cs, "name") not in sidecars
-            and (_g(t, "exit_code", "exitCode") not in (None, 0) or _g(t, "reason") == "OOMKilled")
-        ):
-            terminated.append(t)
-    if any((_g(t, "reason") or "") == "OOMKilled" for t in terminated):
-        return Classification(
-            Verdict.OOM_KILLED, "a container was OOM-killed (memory limit)", ("OOMKilled",)
-        )
-    if phase == "Failed":
-        codes = [_g(t, "exit_code", "exitCode") for t in terminated]
-        bad = [c for c in codes if c not in (None, 0)]
-        fresh = notice_age_s is None or notice_age_s <= NOTICE_WINDOW_S
-        if bad and notice and fresh and all(c in SIGNAL_EXITS for c in bad):
-            return reclaimed(
-                f"stopped (exit {bad[0]}) after the reclaim notice", f"exit {bad[0]}", notice
-            )
-        if bad and not cloud and not node_not_ready:
-            return Classification(
-                Verdict.APP_FAILURE,
-                f"exit code {bad[0]} on healthy capacity",
-                tuple(f"exit {c}" for c in bad),
-            )
-        if bad and (cloud or node_not_ready):
-            return reclaimed(
-                f"killed (exit {bad[0]}) while the node was being reclaimed", f"exit {bad[0]}"
-            )
-        return Classification(
-            Verdict.INFRA_DISRUPTION,
-            f"failed without a known signal (reason {s_reason!r})",
-            (f"status.reason={s_reason}",),
-            default_used=True,
-        )
-    if phase == "Pending":
-        start_error = container_start_error(p)
-        if start_error and (
-            start_error[0] in CONTAINER_START_FATAL or start_error_for_s >= pending_timeout_s
-        ):
-            reason, msg = start_error
-            return Classification(
-                Verdict.APP_FAILURE,
-                f"the container cannot start ({reason}"
-                + (f" for {start_error_for_s:.0f} s" if start_error_for_s else "")
-                + f"): {msg or 'check the image name, its registry credentials and the pod config'}",
-                (f"waiting/{reason}",),
-            )
-        sched = conds.get("PodScheduled")
-        unschedulable = (
-            sched is not None
-            and _g(sched, "status") == "False"
-            and _g(sched, "reason") == "Unschedulable"
-        )
-        if unschedulable and pending_for_s >= pending_timeout_s:
-            return Classification(
-                Verdict.SPOT_UNAVAILABLE if was_spot is not False else Verdict.INFRA_DISRUPTION,
-                f"unschedulable for {pending_for_s:.0f} s: {_g(sched, 'message') or 'no capacity'}",
-                ("PodScheduled=False/Unschedulable",),
-            )
-        return Classification(Verdict.PENDING, "pending")
-    if phase == "Running":
-        return Classification(Verdict.RUNNING, "running")
-    return Classification(
-        Verdict.INFRA_DISRUPTION,
-        f"unknown pod phase {phase!r}",
-        (f"phase={phase}",),
-        default_used=True,
-    )
+    for rule in RULES:
+        verdict = rule(facts)
+        if verdict is not None:
+            return verdict
+    raise AssertionError("unreachable: the last rule answers every pod")

@@ -94,6 +94,36 @@ def build_pod(
     pod_template = _with_main_first(pod_template)
     t_spec = pod_template.spec if pod_template is not None else None
     t_main = t_spec.containers[0] if t_spec is not None else None
+    merged = _merged_resources(resources, gpus, t_main)
+    if t_main is not None:
+        t_main.resources = None  # merged above: the reconcile must not bring it back
+    wants_root = _states_root(t_spec)
+    container = k8s.V1Container(
+        name="train",
+        image=image,
+        command=command,
+        env=_env(env, checkpoint_uri=checkpoint_uri, capacity=capacity, attempt=attempt),
+        env_from=_env_from(env_from_secrets),
+        resources=merged,
+        volume_mounts=[_podinfo_mount(), *(volume_mounts or [])],
+        security_context=_container_security(t_main, wants_root),
+    )
+    pod = k8s.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=_metadata(name, namespace, labels, attempt, try_number, capacity),
+        spec=_pod_spec(
+            container, placement, t_spec, volumes, service_account, mount_token, wants_root
+        ),
+    )
+    return _reconciled(pod_template, pod)
+
+
+def _merged_resources(
+    resources: dict[str, Any] | None, gpus: int, t_main: k8s.V1Container | None
+) -> k8s.V1ResourceRequirements | None:
+    """Ours and the template training container's (checked): a resource we set replaces the
+    template's limit and request of that resource; None when neither sets any."""
     ours_limits = {k: str(v) for k, v in ((resources or {}).get("limits") or {}).items()}
     if gpus:
         ours_limits["nvidia.com/gpu"] = str(gpus)
@@ -109,9 +139,15 @@ def build_pod(
         **ours_requests,
     }
     check_resources(limits, requests)
-    if t_main is not None:
-        t_main.resources = None  # merged above: the reconcile must not bring it back
-    wants_root = _states_root(t_spec)
+    if not (limits or requests):
+        return None
+    return k8s.V1ResourceRequirements(limits=limits or None, requests=requests or None)
+
+
+def _container_security(t_main: k8s.V1Container | None, wants_root: bool) -> k8s.V1SecurityContext:
+    """The training container's: what the template states, over our defaults (no escalation,
+    non-root, no capabilities) less those the template's root, privilege or CAP_SYS_ADMIN
+    contradict (the API server would refuse both at once)."""
     t_csc = t_main.security_context if t_main is not None else None
     privileged = t_csc is not None and (
         bool(t_csc.privileged)
@@ -120,6 +156,21 @@ def build_pod(
             for c in ((t_csc.capabilities.add or []) if t_csc.capabilities else [])
         )
     )
+    return _stated_first(
+        t_csc,
+        k8s.V1SecurityContext(
+            allow_privilege_escalation=None if privileged else False,
+            run_as_non_root=None if wants_root else True,
+            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        ),
+    )
+
+
+def _env(
+    env: dict[str, str] | None, *, checkpoint_uri: str, capacity: str, attempt: int
+) -> list[k8s.V1EnvVar]:
+    """The user's variables, then ours (ours win): checkpoint URI, capacity, attempt and the
+    notice annotations' file."""
     env_vars = {
         **(env or {}),
         ENV["checkpoint_uri"]: checkpoint_uri,
@@ -127,37 +178,23 @@ def build_pod(
         ENV["attempt"]: str(attempt),
         ENV["notice_annotations"]: f"{PODINFO_DIR}/annotations",
     }
-    container = k8s.V1Container(
-        name="train",
-        image=image,
-        command=command,
-        env=[k8s.V1EnvVar(name=k, value=v) for k, v in env_vars.items()],
-        env_from=[
-            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s))
-            for s in env_from_secrets or []
-        ]
-        or None,
-        resources=k8s.V1ResourceRequirements(limits=limits or None, requests=requests or None)
-        if limits or requests
-        else None,
-        volume_mounts=[
-            k8s.V1VolumeMount(name="airflow-spot-podinfo", mount_path=PODINFO_DIR, read_only=True),
-            *(volume_mounts or []),
-        ],
-        security_context=_stated_first(
-            t_csc,
-            k8s.V1SecurityContext(
-                allow_privilege_escalation=None if privileged else False,
-                run_as_non_root=None if wants_root else True,
-                capabilities=k8s.V1Capabilities(drop=["ALL"]),
-            ),
-        ),
-    )
-    tolerations = [
-        *((t_spec.tolerations if t_spec else None) or []),
-        *(k8s.V1Toleration(**_snake(t)) for t in placement.tolerations),
-    ]
-    podinfo = k8s.V1Volume(
+    return [k8s.V1EnvVar(name=k, value=v) for k, v in env_vars.items()]
+
+
+def _env_from(secrets: list[str] | None) -> list[k8s.V1EnvFromSource] | None:
+    """Every key of each named secret as a variable; None when there are none."""
+    return [
+        k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s)) for s in secrets or []
+    ] or None
+
+
+def _podinfo_mount() -> k8s.V1VolumeMount:
+    return k8s.V1VolumeMount(name="airflow-spot-podinfo", mount_path=PODINFO_DIR, read_only=True)
+
+
+def _podinfo_volume() -> k8s.V1Volume:
+    """The pod's annotations (the notice among them) as a file, through the downward API."""
+    return k8s.V1Volume(
         name="airflow-spot-podinfo",
         downward_api=k8s.V1DownwardAPIVolumeSource(
             items=[
@@ -168,49 +205,73 @@ def build_pod(
             ]
         ),
     )
-    pod = k8s.V1Pod(
-        api_version="v1",
-        kind="Pod",
-        metadata=k8s.V1ObjectMeta(
-            name=name,
-            namespace=namespace,
-            labels={
-                **labels,
-                f"{LABEL_PREFIX}/attempt": str(attempt),
-                f"{LABEL_PREFIX}/try-number": str(try_number),
-                f"{LABEL_PREFIX}/capacity": capacity,
-            },
-            annotations={NOTICE_ANNOTATION: ""},
-        ),
-        spec=k8s.V1PodSpec(
-            restart_policy="Never",
-            containers=[container],
-            volumes=[podinfo, *(volumes or [])],
-            node_selector={
-                **((t_spec.node_selector if t_spec else None) or {}),
-                **placement.node_selector,
-            }
-            or None,
-            tolerations=tolerations or None,
-            affinity=_affinity(placement.affinity),
-            service_account_name=service_account,
-            automount_service_account_token=mount_token,
-            security_context=_stated_first(
-                t_spec.security_context if t_spec else None,
-                k8s.V1PodSecurityContext(
-                    run_as_non_root=None if wants_root else True,
-                    run_as_user=None if wants_root else 1000,
-                    run_as_group=None if wants_root else 1000,
-                    fs_group=1000,
-                ),
+
+
+def _metadata(
+    name: str, namespace: str, labels: dict[str, str], attempt: int, try_number: int, capacity: str
+) -> k8s.V1ObjectMeta:
+    """Name, the task's labels with the attempt's, and the (empty) notice annotation."""
+    return k8s.V1ObjectMeta(
+        name=name,
+        namespace=namespace,
+        labels={
+            **labels,
+            f"{LABEL_PREFIX}/attempt": str(attempt),
+            f"{LABEL_PREFIX}/try-number": str(try_number),
+            f"{LABEL_PREFIX}/capacity": capacity,
+        },
+        annotations={NOTICE_ANNOTATION: ""},
+    )
+
+
+def _pod_spec(
+    container: k8s.V1Container,
+    placement: Placement,
+    t_spec: k8s.V1PodSpec | None,
+    volumes: list[k8s.V1Volume] | None,
+    service_account: str | None,
+    mount_token: bool,
+    wants_root: bool,
+) -> k8s.V1PodSpec:
+    """The spec: the template's node selector and tolerations with the placement's added (its
+    affinity replaces the template's), and the pod security context the template states over
+    our non-root defaults."""
+    tolerations = [
+        *((t_spec.tolerations if t_spec else None) or []),
+        *(k8s.V1Toleration(**_snake(t)) for t in placement.tolerations),
+    ]
+    return k8s.V1PodSpec(
+        restart_policy="Never",
+        containers=[container],
+        volumes=[_podinfo_volume(), *(volumes or [])],
+        node_selector={
+            **((t_spec.node_selector if t_spec else None) or {}),
+            **placement.node_selector,
+        }
+        or None,
+        tolerations=tolerations or None,
+        affinity=_affinity(placement.affinity),
+        service_account_name=service_account,
+        automount_service_account_token=mount_token,
+        security_context=_stated_first(
+            t_spec.security_context if t_spec else None,
+            k8s.V1PodSecurityContext(
+                run_as_non_root=None if wants_root else True,
+                run_as_user=None if wants_root else 1000,
+                run_as_group=None if wants_root else 1000,
+                fs_group=1000,
             ),
         ),
     )
-    if pod_template is not None:
-        from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
-        pod = PodGenerator.reconcile_pods(pod_template, pod)
-    return pod
+
+def _reconciled(template: k8s.V1Pod | None, pod: k8s.V1Pod) -> k8s.V1Pod:
+    """``pod`` reconciled onto the prepared template by the provider, if there is one."""
+    if template is None:
+        return pod
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+
+    return PodGenerator.reconcile_pods(template, pod)
 
 
 def _with_main_first(template: k8s.V1Pod | None) -> k8s.V1Pod | None:

@@ -19,6 +19,7 @@ from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_pool
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
+from airflow_spot.jobstate import AttemptHandle
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ class LocalBackend:
         market: MarketSpec,
         env: dict[str, str] | None = None,
         pool: str = "",  # noqa: ARG002 - the market given is already the chosen pool's
-    ) -> dict[str, Any]:
+    ) -> AttemptHandle:
         """Start attempt ``attempt`` under a detached supervisor; returns its handle.
 
         ``ident``: dag_id, task_id, run_id, map_index (and try_number) of the task instance."""
@@ -183,7 +184,7 @@ class LocalBackend:
         if (run_dir / "spec.json").exists():
             # started by a worker that died before recording it (or by a run since cleared):
             # stop it and set its folder aside, as the Kubernetes backend deletes a leftover pod
-            status = self.cancel({"run_dir": str(run_dir)})
+            status = self.cancel(AttemptHandle(run_dir=str(run_dir)))
             if not status.terminal:  # its supervisor still writes there: do not reuse the name
                 raise BackendError(f"{run_dir} holds an attempt that could not be stopped yet")
             aside = run_dir.with_name(f"{run_dir.name}.leftover-{time.time_ns()}")
@@ -228,36 +229,36 @@ class LocalBackend:
             stdin=subprocess.DEVNULL,
             timeout=30,
         )
-        return {"run_dir": str(run_dir), "launched_at": time.time()}
+        return AttemptHandle(launched_at=time.time(), run_dir=str(run_dir))
 
-    def status(self, handle: dict[str, Any]) -> AttemptStatus:
+    def status(self, handle: AttemptHandle) -> AttemptStatus:
         """The attempt's status; a supervisor that died without a verdict reads as ``lost``."""
         return read_status(handle)
 
-    def log_tail(self, handle: dict[str, Any], lines: int = 15, max_bytes: int = 64 * 1024) -> str:
+    def log_tail(self, handle: AttemptHandle, lines: int = 15, max_bytes: int = 64 * 1024) -> str:
         """The last ``lines`` lines of the attempt's log (reads at most ``max_bytes``)."""
         try:
-            with open(Path(handle["run_dir"]) / "attempt.log", "rb") as fh:
+            with open(Path(str(handle.run_dir)) / "attempt.log", "rb") as fh:
                 fh.seek(max(0, fh.seek(0, os.SEEK_END) - max_bytes))
                 text = fh.read().decode(errors="replace")
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def carry_out(self, handle: dict[str, Any], status: AttemptStatus) -> None:
+    def carry_out(self, handle: AttemptHandle, status: AttemptStatus) -> None:
         """Nothing is ever due: the supervisor delivers notices itself."""
 
-    def release(self, handle: dict[str, Any], outcome: str) -> None:
+    def release(self, handle: AttemptHandle, outcome: str) -> None:
         """Nothing to release: the supervisor is gone once the attempt ended."""
 
-    def progress(self, handle: dict[str, Any]) -> dict[str, Any] | None:
-        path = Path(handle["run_dir"]) / "progress.json"
+    def progress(self, handle: AttemptHandle) -> dict[str, Any] | None:
+        path = Path(str(handle.run_dir)) / "progress.json"
         try:
             return json.loads(path.read_text())
         except (FileNotFoundError, ValueError):
             return None
 
-    def cancel(self, handle: dict[str, Any], wait_s: float = 10.0) -> AttemptStatus:
+    def cancel(self, handle: AttemptHandle, wait_s: float = 10.0) -> AttemptStatus:
         """Stop the attempt and everything it started; returns its final status."""
         st = read_status(handle)
         if st.terminal:
@@ -270,7 +271,7 @@ class LocalBackend:
             time.sleep(0.02)
             raw = _raw(handle) or {}
         sup = int(raw.get("supervisor_pid") or 0)
-        ours = sup > 0 and _is_supervisor(sup, handle["run_dir"])
+        ours = sup > 0 and _is_supervisor(sup, str(handle.run_dir))
         if ours:
             os.kill(sup, signal.SIGTERM)
         deadline = time.time() + wait_s
@@ -294,9 +295,9 @@ def _safe(part: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in part)
 
 
-def _raw(handle: dict[str, Any]) -> dict[str, Any] | None:
+def _raw(handle: AttemptHandle) -> dict[str, Any] | None:
     try:
-        return json.loads((Path(handle["run_dir"]) / "status.json").read_text())
+        return json.loads((Path(str(handle.run_dir)) / "status.json").read_text())
     except (FileNotFoundError, ValueError):
         return None
 
@@ -318,23 +319,23 @@ def _running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X", "x")
 
 
-def read_status(handle: dict[str, Any]) -> AttemptStatus:
+def read_status(handle: AttemptHandle) -> AttemptStatus:
     raw = _raw(handle)
-    spec = json.loads((Path(handle["run_dir"]) / "spec.json").read_text())
+    spec = json.loads((Path(str(handle.run_dir)) / "spec.json").read_text())
     if raw is None:
-        age = time.time() - float(handle.get("launched_at", 0))
+        age = time.time() - float(handle.launched_at or 0)
         state = State.LAUNCHING if age < STARTUP_GRACE_S else State.ENDED
         outcome = None if state is State.LAUNCHING else Outcome.INFRA_DISRUPTION
         return AttemptStatus(
             state,
             spec["capacity"],
             spec["attempt"],
-            float(handle.get("launched_at", 0)),
+            float(handle.launched_at or 0),
             outcome=outcome,
             reason="" if outcome is None else "the supervisor never started",
         )
     st = AttemptStatus.from_dict(raw)
-    if not st.terminal and not _is_supervisor(raw.get("supervisor_pid", -1), handle["run_dir"]):
+    if not st.terminal and not _is_supervisor(raw.get("supervisor_pid", -1), str(handle.run_dir)):
         # re-read: it may have finished between the two reads
         again = AttemptStatus.from_dict(_raw(handle) or raw)
         if again.terminal:

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.exceptions import BackendError, ConfigError
+from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.testing import FileTaskStateStore, make_context, train_command
@@ -56,7 +57,7 @@ def test_spot_pod_shape(kube, preset, selector, toleration) -> None:
         image="ghcr.io/me/train:1", config_file=cfg, namespace="default", preset=preset, gpus=2
     )
     h = b.launch(IDENT, 1, "spot", ["python", "-m", "train"], checkpoint_uri="s3://bucket/ckpt")
-    pod = b.api.read_namespaced_pod(h["pod"], "default")
+    pod = b.api.read_namespaced_pod(h.pod, "default")
     assert pod.spec.node_selector == selector
     assert (pod.spec.tolerations[0].key if pod.spec.tolerations else None) == toleration
     labels = pod.metadata.labels
@@ -89,7 +90,7 @@ def test_on_demand_pod_avoids_spot_nodes(kube) -> None:
     _, cfg = kube
     b = KubernetesBackend(image="img", config_file=cfg, preset="gke")
     pod = b.api.read_namespaced_pod(
-        b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c")["pod"], "default"
+        b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c").pod, "default"
     )
     expr = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[
         0
@@ -107,7 +108,7 @@ def test_custom_preset_and_bad_settings(kube) -> None:
     custom = {"spot": Placement({"pool": "cheap"}), "on_demand": Placement({"pool": "steady"})}
     b = KubernetesBackend(image="img", config_file=cfg, preset=custom)
     pod = b.api.read_namespaced_pod(
-        b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")["pod"], "default"
+        b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c").pod, "default"
     )
     assert pod.spec.node_selector == {"pool": "cheap"}
     assert KubernetesBackend.from_dict(b.to_dict()) == b
@@ -131,7 +132,7 @@ def test_at_most_one_attempt_pod(kube) -> None:
             "default", label_selector="airflow-spot/task-id=train"
         ).items
     ]
-    assert names == [h2["pod"]]
+    assert names == [h2.pod]
 
 
 def _operator(cfg: str, root: Path) -> SpotTrainingOperator:
@@ -187,7 +188,7 @@ def test_worker_restart_reattaches_only_to_a_healthy_pod(kube, tmp_path: Path) -
         assert pods == [st["attempts"][1]["handle"]["pod"]]
         _operator(cfg, tmp_path).on_kill()  # no live handle on a fresh operator: nothing happens
         KubernetesBackend(image="img", config_file=cfg).cancel(
-            st["attempts"][1]["handle"], wait_s=5
+            AttemptHandle.from_dict(st["attempts"][1]["handle"]), wait_s=5
         )
         assert (
             api.list_namespaced_pod("default", label_selector="airflow-spot/task-id=train").items
@@ -258,8 +259,8 @@ def test_an_on_demand_pod_is_recorded_as_not_spot(kube) -> None:
     unavailable' (which the controller would treat like a preemption)."""
     _, cfg = kube
     b = KubernetesBackend(image="img", config_file=cfg)
-    assert b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c")["was_spot"] is False
-    assert b.launch(IDENT, 2, "spot", ["x"], checkpoint_uri="/c")["was_spot"] is True
+    assert b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c").was_spot is False
+    assert b.launch(IDENT, 2, "spot", ["x"], checkpoint_uri="/c").was_spot is True
 
 
 def _pod_names(b: KubernetesBackend) -> list[str]:
@@ -282,14 +283,14 @@ def test_a_container_that_cannot_start_fails_the_attempt_and_its_pod_goes(kube) 
         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
     }
     b.api.patch_namespaced_pod_status(
-        h["pod"], "default", {"status": {"phase": "Pending", "containerStatuses": [waiting]}}
+        h.pod, "default", {"status": {"phase": "Pending", "containerStatuses": [waiting]}}
     )
     assert b.status(h).state.value == "waiting"  # a pull can be slow or retried: not yet
     time.sleep(0.6)
     st = b.status(h)
     assert (st.state.value, st.outcome.value) == ("ended", "app_failure")
     assert "ImagePullBackOff" in st.reason and "Back-off pulling image" in st.reason
-    assert st.due == ("give_up",) and _pod_names(b) == [h["pod"]]  # status() only reports
+    assert st.due == ("give_up",) and _pod_names(b) == [h.pod]  # status() only reports
     b.carry_out(h, st)
     assert _pod_names(b) == []
     assert b.status(h).outcome.value == "app_failure"  # the 404 now is ours: the verdict stays
@@ -303,7 +304,7 @@ def test_a_spot_pod_given_up_as_unschedulable_is_deleted(kube) -> None:
     h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
     unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
     b.api.patch_namespaced_pod_status(
-        h["pod"], "default", {"status": {"phase": "Pending", "conditions": [unschedulable]}}
+        h.pod, "default", {"status": {"phase": "Pending", "conditions": [unschedulable]}}
     )
     time.sleep(0.3)
     st = b.status(h)
@@ -332,8 +333,8 @@ def test_mapped_task_instances_get_their_own_pods(kube) -> None:
     b = KubernetesBackend(image="img", config_file=cfg)
     h0 = b.launch({**IDENT, "map_index": 0}, 1, "spot", ["x"], checkpoint_uri="/c0")
     h1 = b.launch({**IDENT, "map_index": 1}, 1, "spot", ["x"], checkpoint_uri="/c1")
-    assert h0["pod"] != h1["pod"]
-    assert sorted(_pod_names(b)) == sorted([h0["pod"], h1["pod"]])
+    assert h0.pod != h1.pod
+    assert sorted(_pod_names(b)) == sorted([h0.pod, h1.pod])
 
 
 def test_cancel_deletes_the_pod_even_when_its_status_cannot_be_read(kube, monkeypatch) -> None:
@@ -343,7 +344,7 @@ def test_cancel_deletes_the_pod_even_when_its_status_cannot_be_read(kube, monkey
     _, cfg = kube
     b = KubernetesBackend(image="img", config_file=cfg)
     h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
-    h["node"] = "spot-node-1"
+    h.node = "spot-node-1"
 
     def forbidden(name, **kwargs):
         raise ApiException(status=403, reason="Forbidden")
@@ -364,11 +365,11 @@ def test_a_launch_keeps_ended_pods_kept_for_inspection(kube) -> None:
         b = KubernetesBackend(image="img", config_file=cfg, delete_pods=policy)
         ident = {**IDENT, "task_id": f"train-{policy}"}
         h1 = b.launch(ident, 1, "spot", ["x"], checkpoint_uri="/c")
-        b.api.patch_namespaced_pod_status(h1["pod"], "default", {"status": {"phase": "Failed"}})
+        b.api.patch_namespaced_pod_status(h1.pod, "default", {"status": {"phase": "Failed"}})
         h2 = b.launch(ident, 2, "spot", ["x"], checkpoint_uri="/c")
         h3 = b.launch(ident, 3, "on_demand", ["x"], checkpoint_uri="/c")  # h2 is live: goes
         names = set(_pod_names(b))
-        assert (h1["pod"] in names) is kept and h2["pod"] not in names and h3["pod"] in names
+        assert (h1.pod in names) is kept and h2.pod not in names and h3.pod in names
 
 
 def test_the_log_tail_is_text(kube) -> None:
@@ -376,7 +377,7 @@ def test_the_log_tail_is_text(kube) -> None:
     k, cfg = kube
     b = KubernetesBackend(image="img", config_file=cfg)
     h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
-    k.emulator.pod_logs = {("default", h["pod"]): "step 10 loss 0.5\nTraceback: boom\n"}
+    k.emulator.pod_logs = {("default", h.pod): "step 10 loss 0.5\nTraceback: boom\n"}
     assert b.log_tail(h) == "step 10 loss 0.5\nTraceback: boom\n"
 
 
@@ -409,7 +410,7 @@ def test_the_pod_template_is_merged_not_overridden(kube, tmp_path: Path) -> None
     for tmpl in (template, str(path), path):
         b = KubernetesBackend(image="img", config_file=cfg, preset="gke", gpus=1, pod_template=tmpl)
         h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
-        pod = b.api.read_namespaced_pod(h["pod"], "default")
+        pod = b.api.read_namespaced_pod(h.pod, "default")
         c = pod.spec.containers[0]
         assert c.resources.limits == {"memory": "60Gi", "nvidia.com/gpu": "1"}
         assert c.resources.requests == {"cpu": "8"}
@@ -450,8 +451,8 @@ def test_events_of_a_namesake_node_or_pod_are_not_read(kube) -> None:
         {"metadata": {"name": "n1", "labels": {"karpenter.sh/capacity-type": "spot"}}}
     )
     h = b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")
-    b.api.patch_namespaced_pod(h["pod"], "default", {"spec": {"nodeName": "n1"}})
-    b.api.patch_namespaced_pod_status(h["pod"], "default", {"status": {"phase": "Running"}})
+    b.api.patch_namespaced_pod(h.pod, "default", {"spec": {"nodeName": "n1"}})
+    b.api.patch_namespaced_pod_status(h.pod, "default", {"status": {"phase": "Running"}})
 
     def event(name, kind, obj, uid, reason, message):
         b.api.create_namespaced_event(
@@ -466,7 +467,7 @@ def test_events_of_a_namesake_node_or_pod_are_not_read(kube) -> None:
         )
 
     event("old-node", "Node", "n1", "uid-of-an-earlier-n1", "SpotInterrupted", "Spot warning")
-    event("old-pod", "Pod", h["pod"], "uid-of-an-earlier-pod", "Preempted", "Preempt")
+    event("old-pod", "Pod", h.pod, "uid-of-an-earlier-pod", "Preempted", "Preempt")
     st = b.status(h)
     assert st.state.value == "running" and st.evidence["notice"] is None
     # node-problem-detector (AKS relays scheduled events with it) and the kubelet give a node
@@ -476,7 +477,7 @@ def test_events_of_a_namesake_node_or_pod_are_not_read(kube) -> None:
     assert st.state.value == "preempting" and st.evidence["notice"] == "scheduled event Preempt"
     assert st.due == ("relay_notice",)
     b.carry_out(h, st)
-    assert h["notice_sent"] is True and b.status(h).due == ()
+    assert h.notice_sent is True and b.status(h).due == ()
     node_uid = b.api.read_node("n1").metadata.uid
     event("this-node", "Node", "n1", node_uid, "SpotInterrupted", "Spot warning")
     assert b.status(h).evidence["notice"] == "scheduled event Preempt"  # the first one is kept
@@ -488,11 +489,11 @@ def test_cancel_leaves_a_failed_pod_for_its_log_to_be_read(kube) -> None:
     k, cfg = kube
     b = KubernetesBackend(image="img", config_file=cfg)
     h = b.launch(IDENT, 1, "on_demand", ["x"], checkpoint_uri="/c")
-    k.emulator.pod_logs = {("default", h["pod"]): "Traceback: loss is NaN\n"}
+    k.emulator.pod_logs = {("default", h.pod): "Traceback: loss is NaN\n"}
     failed = {"name": "train", "image": "img", "imageID": "", "ready": False, "restartCount": 0}
     failed["state"] = {"terminated": {"exitCode": 1, "reason": "Error"}}
     b.api.patch_namespaced_pod_status(
-        h["pod"], "default", {"status": {"phase": "Failed", "containerStatuses": [failed]}}
+        h.pod, "default", {"status": {"phase": "Failed", "containerStatuses": [failed]}}
     )
     st = b.cancel(h)
     assert st.outcome.value == "app_failure"
@@ -583,7 +584,7 @@ def test_a_template_and_our_settings_make_a_valid_pod(kube, backend, template, c
     _, cfg = kube
     b = KubernetesBackend(image="img", config_file=cfg, pod_template={"spec": template}, **backend)
     pod = b.api.read_namespaced_pod(
-        b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c")["pod"], "default"
+        b.launch(IDENT, 1, "spot", ["x"], checkpoint_uri="/c").pod, "default"
     )
     assert check(pod, pod.spec.containers[0]), pod.spec
 
