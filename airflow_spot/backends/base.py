@@ -236,21 +236,6 @@ def missing_members(backend: Any) -> list[str]:
     return missing
 
 
-def load_backend(settings: dict[str, Any]) -> Backend:
-    """A backend from :meth:`Backend.to_dict` (in a watcher's process): the one place a
-    backend's kind picks its class."""
-    kind = settings.get("kind", "local")
-    if kind == "kubernetes":
-        from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-
-        return KubernetesBackend.from_dict(settings)
-    if kind == "local":
-        from airflow_spot.backends.local.backend import LocalBackend
-
-        return LocalBackend.from_dict(settings)
-    raise ConfigError("backend", f"unknown backend kind {kind!r} in a stored attempt")
-
-
 def stop_and_release(backend: Backend, handle: AttemptHandle) -> AttemptStatus:
     """Cancel an attempt and release what it holds: for callers that keep no record of it (a
     kill, a job replaced), so no log is read first."""

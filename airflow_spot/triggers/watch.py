@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Backend, load_backend
+from airflow_spot.backends.base import AttemptStatus, Backend
 from airflow_spot.backends.capacity import replayed_spot
 from airflow_spot.backends.local.market import Pools
+from airflow_spot.backends.registry import load_backend
 from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.triggers.events import EventKind, SpotEvent
 

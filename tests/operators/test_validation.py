@@ -311,3 +311,31 @@ def test_a_kubernetes_job_on_the_reference_prices_says_so(changes, warned, capfd
         assert "not given" not in text
     SpotTrainingOperator(**OK)._new_state(0.0)
     assert "not given" not in "".join(capfd.readouterr())
+
+
+def test_a_third_party_backend_is_checked_against_the_protocol_at_parse_time() -> None:
+    """A backend object that implements every member of Backend is accepted; one that lacks a
+    method or a property is refused when the DAG is parsed, naming what it lacks."""
+    from airflow_spot.backends.base import BACKEND_ATTRIBUTES, BACKEND_METHODS, Backend
+
+    def member(name: str):
+        return lambda self, *a, **k: None
+
+    values = {
+        "kind": "mine",
+        "time_scale": 1.0,
+        "spot_cooldown_s": 60.0,
+        "notice_to_kill_s": None,
+        "runs_on_worker": False,
+        "node_pools": (),
+    }
+    assert set(values) == set(BACKEND_ATTRIBUTES)
+    members = {**values, **{m: member(m) for m in BACKEND_METHODS}}
+    complete = type("Complete", (), members)()
+    assert isinstance(complete, Backend)
+    SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://b/p", "backend": complete})
+    for missing in (*BACKEND_METHODS, *BACKEND_ATTRIBUTES):
+        lacking = type("Lacking", (), {k: v for k, v in members.items() if k != missing})()
+        with pytest.raises(ConfigError, match=f"lacks {missing}") as e:
+            SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://b/p", "backend": lacking})
+        assert e.value.field == "backend" and "Backend interface" in str(e.value)
