@@ -333,9 +333,9 @@ def test_a_third_party_backend_is_checked_against_the_protocol_at_parse_time() -
     members = {**values, **{m: member(m) for m in BACKEND_METHODS}}
     complete = type("Complete", (), members)()
     assert isinstance(complete, Backend)
-    SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://b/p", "backend": complete})
+    SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://my-bucket/p", "backend": complete})
     for missing in (*BACKEND_METHODS, *BACKEND_ATTRIBUTES):
         lacking = type("Lacking", (), {k: v for k, v in members.items() if k != missing})()
         with pytest.raises(ConfigError, match=f"lacks {missing}") as e:
-            SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://b/p", "backend": lacking})
+            SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://my-bucket/p", "backend": lacking})
         assert e.value.field == "backend" and "Backend interface" in str(e.value)
