@@ -28,7 +28,6 @@ from pathlib import Path
 import aiohttp.test_utils
 import aiohttp.web
 import kmock
-from kmock._internal import enums
 
 _rv = itertools.count(1)
 
@@ -98,7 +97,7 @@ class Emulator(kmock.KubernetesEmulator):
                 text = "".join(text.splitlines(True)[-int(request.params["tailLines"]) :])
             return aiohttp.web.Response(text=text)
         data = request.data if isinstance(request.data, dict) else None
-        if request.action == enums.action.CREATE and data is not None:
+        if request.action == kmock.action.CREATE and data is not None:
             meta = data.setdefault("metadata", {})
             if request.namespace:
                 meta.setdefault("namespace", request.namespace)
@@ -109,7 +108,7 @@ class Emulator(kmock.KubernetesEmulator):
             )
             if request.resource.plural == "pods":
                 data.setdefault("status", {}).setdefault("phase", "Pending")
-        if request.action in (enums.action.CREATE, enums.action.UPDATE) and data is not None:
+        if request.action in (kmock.action.CREATE, kmock.action.UPDATE) and data is not None:
             data.setdefault("metadata", {})["resourceVersion"] = str(next(_rv))
         return await super()._handle(request)
 
