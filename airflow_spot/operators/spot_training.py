@@ -233,14 +233,10 @@ class SpotTrainingOperator(BaseOperator):
     def checkpoint_store(self) -> Any:
         """The store of the rendered ``checkpoint_uri``, through ``aws_conn_id`` for S3."""
         from airflow_spot.checkpoint.stores import open_store
+        from airflow_spot.hooks.conditions import s3_client_for
 
         uri = str(self.checkpoint_uri)
-        client = None
-        if uri.startswith("s3://") and self.aws_conn_id:
-            from airflow_spot.hooks.aws import SpotMarketHook
-
-            client = SpotMarketHook(aws_conn_id=self.aws_conn_id).s3_client()
-        return open_store(uri, s3_client=client)
+        return open_store(uri, s3_client=s3_client_for(uri, self.aws_conn_id))
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         from airflow_spot.jobstate import JobState

@@ -7,6 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator
 
+from airflow_spot.exceptions import BackendError
+
 
 class DeferrableSpotSensor(BaseSensorOperator):
     """Subclasses implement ``poke`` and ``trigger()``; ``deferrable`` picks where to wait."""
@@ -34,8 +36,17 @@ class DeferrableSpotSensor(BaseSensorOperator):
         from airflow_spot.triggers.events import EventKind, SpotEvent
 
         ev = SpotEvent.from_payload(event)
+        if ev.kind is EventKind.ERROR:
+            raise BackendError(
+                f"{self.task_id}: watching in the triggerer failed ({ev.message}): the poll "
+                "kept failing, or failed in a way another poll cannot heal. Fix the cause "
+                "named (the AWS connection, the zones, the checkpoint location), then clear "
+                "the task or let its retries run it again"
+            )
         if ev.kind is not EventKind.CONDITION_MET:
-            raise RuntimeError(
-                f"{self.task_id}: the watch ended with {ev.kind.value}: {ev.message}"
+            raise BackendError(
+                f"{self.task_id}: the watch ended with a {ev.kind.value!r} event, which a "
+                f"sensor's trigger never sends ({ev.message or 'no message'}); this is a bug in "
+                "airflow-spot: please report it with this message"
             )
         return ev.status

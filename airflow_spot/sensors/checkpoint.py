@@ -1,9 +1,13 @@
-"""``CheckpointSensor``: wait for a checkpoint at or beyond a step (or newer than a time)."""
+"""``CheckpointSensor``: wait for a checkpoint at or beyond a step (or newer than a time).
+
+``find_checkpoint`` (the check over an AWS connection) lives in
+:mod:`airflow_spot.hooks.conditions`, on top of :mod:`airflow_spot.checkpoint.find`, which its
+trigger shares; it stays importable from here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -11,31 +15,8 @@ from airflow.sdk import PokeReturnValue
 
 from airflow_spot.checkpoint.stores import validate_uri
 from airflow_spot.exceptions import ConfigError
+from airflow_spot.hooks.conditions import find_checkpoint
 from airflow_spot.sensors.base import DeferrableSpotSensor
-
-
-def find_checkpoint(
-    uri: str, min_step: int | None, newer_than: float | None, aws_conn_id: str | None
-) -> dict[str, Any] | None:
-    """The newest valid checkpoint meeting the bounds, as a manifest dict (None if there is none)."""
-    from airflow_spot.checkpoint import Checkpoints, open_store
-
-    client = None
-    if uri.startswith("s3://") and aws_conn_id:
-        from airflow_spot.hooks.aws import SpotMarketHook
-
-        client = SpotMarketHook(aws_conn_id=aws_conn_id).s3_client()
-    m = Checkpoints.watching(open_store(uri, s3_client=client)).latest_valid()
-    if (
-        m is None
-        or (min_step is not None and m.step < min_step)
-        or (newer_than is not None and m.created < newer_than)
-    ):
-        return None
-    out = asdict(m)
-    out["name"] = m.name
-    out["uri"] = f"{uri.rstrip('/')}/{m.name}"
-    return out
 
 
 class CheckpointSensor(DeferrableSpotSensor):

@@ -1,4 +1,8 @@
-"""``SpotPriceSensor``: wait until spot is cheap enough in one of a list of zones."""
+"""``SpotPriceSensor``: wait until spot is cheap enough in one of a list of zones.
+
+``cheapest_below``, the check it shares with its trigger, lives in
+:mod:`airflow_spot.hooks.conditions`; it stays importable from here.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,8 @@ from typing import Any
 from airflow.sdk import PokeReturnValue
 
 from airflow_spot.exceptions import ConfigError, finite_number
+from airflow_spot.hooks.conditions import cheapest_below
 from airflow_spot.sensors.base import DeferrableSpotSensor
-
-
-def cheapest_below(prices: dict[str, float], threshold: float) -> dict[str, Any] | None:
-    """The cheapest zone whose price is at or below ``threshold`` (None if there is none)."""
-    ok = {z: p for z, p in prices.items() if p <= threshold}
-    if not ok:
-        return None
-    zone = min(ok, key=lambda z: (ok[z], z))
-    return {"zone": zone, "price": ok[zone], "threshold": threshold}
 
 
 class SpotPriceSensor(DeferrableSpotSensor):

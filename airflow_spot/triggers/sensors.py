@@ -1,12 +1,22 @@
-"""Triggers of the deferrable sensors (same base class as the attempt triggers)."""
+"""Triggers of the deferrable sensors (same base class as the attempt triggers).
+
+Each builds its client once, on the first poll (a ``cached_property``, as the amazon provider's
+triggers do), and reuses it for every poll after; what they check is shared with the sensors
+through :mod:`airflow_spot.hooks.conditions` and :mod:`airflow_spot.checkpoint.find`.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
+
+if TYPE_CHECKING:
+    from airflow_spot.checkpoint.stores import Store
+    from airflow_spot.hooks.aws import SpotMarketHook
 
 
 class SpotPriceTrigger(SpotPollingTrigger):
@@ -31,14 +41,23 @@ class SpotPriceTrigger(SpotPollingTrigger):
             region_name=region_name,
         )
 
-    def poll(self) -> SpotEvent | None:
+    @cached_property
+    def hook(self) -> SpotMarketHook:
+        """The hook of every poll: its connection and EC2 clients are built once. Its answer
+        cache is off (``cache_ttl_s=0``): each poll asks for prices afresh."""
         from airflow_spot.hooks.aws import SpotMarketHook
-        from airflow_spot.sensors.spot import cheapest_below
 
         k = self._kwargs
-        hook = SpotMarketHook(aws_conn_id=k["aws_conn_id"], region_name=k["region_name"])
+        return SpotMarketHook(
+            aws_conn_id=k["aws_conn_id"], region_name=k["region_name"], cache_ttl_s=0.0
+        )
+
+    def poll(self) -> SpotEvent | None:
+        from airflow_spot.hooks.conditions import cheapest_below
+
+        k = self._kwargs
         found = cheapest_below(
-            hook.current_spot_prices(k["instance_type"], k["zones"]), k["threshold"]
+            self.hook.current_spot_prices(k["instance_type"], k["zones"]), k["threshold"]
         )
         if found is None:
             return None
@@ -70,12 +89,21 @@ class CheckpointTrigger(SpotPollingTrigger):
             aws_conn_id=aws_conn_id,
         )
 
+    @cached_property
+    def store(self) -> Store:
+        """The store of every poll (for ``s3://``, its S3 client on ``aws_conn_id``), built once."""
+        from airflow_spot.checkpoint.stores import open_store
+        from airflow_spot.hooks.conditions import s3_client_for
+
+        uri = self._kwargs["checkpoint_uri"]
+        return open_store(uri, s3_client=s3_client_for(uri, self._kwargs["aws_conn_id"]))
+
     def poll(self) -> SpotEvent | None:
-        from airflow_spot.sensors.checkpoint import find_checkpoint
+        from airflow_spot.checkpoint.find import find_checkpoint
 
         k: dict[str, Any] = self._kwargs
         found = find_checkpoint(
-            k["checkpoint_uri"], k["min_step"], k["newer_than"], k["aws_conn_id"]
+            k["checkpoint_uri"], k["min_step"], k["newer_than"], store=self.store
         )
         return (
             None if found is None else SpotEvent(EventKind.CONDITION_MET, time.time(), None, found)

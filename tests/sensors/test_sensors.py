@@ -12,9 +12,9 @@ from airflow.sdk.exceptions import TaskDeferred
 from botocore.stub import ANY, Stubber
 
 from airflow_spot.checkpoint import Checkpoints, open_store
-from airflow_spot.exceptions import ConfigError
+from airflow_spot.exceptions import BackendError, ConfigError
+from airflow_spot.hooks.conditions import cheapest_below
 from airflow_spot.sensors import CheckpointSensor, SpotPriceSensor
-from airflow_spot.sensors.spot import cheapest_below
 from airflow_spot.triggers.events import EventKind, SpotEvent
 from airflow_spot.triggers.sensors import CheckpointTrigger, SpotPriceTrigger
 
@@ -99,6 +99,16 @@ def test_cheapest_below() -> None:
         "threshold": 1.0,
     }
     assert cheapest_below({"a": 1.2}, 1.0) is None
+
+
+def test_moved_checks_stay_importable_from_the_sensor_modules() -> None:
+    """cheapest_below and find_checkpoint moved below the sensors (their triggers share them);
+    the old import paths still give the same functions."""
+    from airflow_spot.hooks import conditions
+    from airflow_spot.sensors import checkpoint, spot
+
+    assert spot.cheapest_below is conditions.cheapest_below
+    assert checkpoint.find_checkpoint is conditions.find_checkpoint
 
 
 def test_spot_price_sensor_absolute_and_fraction(moto_conn) -> None:
@@ -211,3 +221,104 @@ def test_checkpoint_sensor_newer_than_and_bad_input(tmp_path: Path) -> None:
         CheckpointSensor(task_id="e", checkpoint_uri="s3://", min_step=1)
     with pytest.raises(ConfigError, match="newer_than"):
         CheckpointSensor(task_id="e", checkpoint_uri=str(tmp_path), newer_than=datetime(2020, 1, 1))
+
+
+def _price_answer(prices: dict[str, float]) -> dict:
+    return {
+        "SpotPriceHistory": [
+            {
+                "AvailabilityZone": z,
+                "InstanceType": "p3.2xlarge",
+                "SpotPrice": str(p),
+                "Timestamp": NOW - timedelta(minutes=5),
+            }
+            for z, p in prices.items()
+        ]
+    }
+
+
+def test_spot_price_trigger_builds_its_hook_once(moto_conn, monkeypatch) -> None:
+    """Two polls share one hook (built on the first), and each asks for prices afresh: a price
+    that fell between them is seen by the second."""
+    from airflow_spot.hooks import aws
+
+    built = []
+
+    class Counting(aws.SpotMarketHook):
+        def __init__(self, *args, **kwargs) -> None:
+            built.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(aws, "SpotMarketHook", Counting)
+    trigger = SpotPriceTrigger(
+        instance_type="p3.2xlarge",
+        zones=["us-east-1a", "us-east-1c"],
+        threshold=1.25,
+        aws_conn_id="aws_sensors",
+    )
+    with Stubber(trigger.hook.get_conn()) as stub:
+        stub.add_response(
+            "describe_spot_price_history",
+            _price_answer({"us-east-1a": 1.6703, "us-east-1c": 1.3054}),
+        )
+        stub.add_response(
+            "describe_spot_price_history",
+            _price_answer({"us-east-1a": 1.6703, "us-east-1c": 1.2054}),
+        )
+        assert trigger.poll() is None
+        ev = trigger.poll()
+        stub.assert_no_pending_responses()
+    assert ev.kind is EventKind.CONDITION_MET
+    assert ev.status == {
+        "zone": "us-east-1c",
+        "price": 1.2054,
+        "threshold": 1.25,
+        "instance_type": "p3.2xlarge",
+    }
+    assert len(built) == 1 and built[0]["aws_conn_id"] == "aws_sensors"
+
+
+def test_checkpoint_trigger_opens_its_store_once(moto_conn, monkeypatch) -> None:
+    """Two polls share one store and one S3 client on the connection (built on the first),
+    and the second still sees a checkpoint written between them."""
+    from airflow_spot.hooks.aws import SpotMarketHook
+
+    clients = []
+    s3_client = SpotMarketHook.s3_client
+
+    def counting(self):
+        clients.append(self.aws_conn_id)
+        return s3_client(self)
+
+    monkeypatch.setattr(SpotMarketHook, "s3_client", counting)
+    trigger = CheckpointTrigger(
+        checkpoint_uri="s3://ckpt/run-2", min_step=2, newer_than=None, aws_conn_id="aws_sensors"
+    )
+    c = Checkpoints(
+        open_store(
+            "s3://ckpt/run-2", s3_client=s3_client(SpotMarketHook(aws_conn_id="aws_sensors"))
+        )
+    )
+    c.save(1, {"w": b"1"}, now=NOW.timestamp())
+    assert trigger.poll() is None
+    c.save(2, {"w": b"2"}, now=NOW.timestamp())
+    ev = trigger.poll()
+    assert ev.kind is EventKind.CONDITION_MET and ev.status["step"] == 2
+    assert ev.status["uri"] == "s3://ckpt/run-2/ckpt-000000000002"
+    assert clients == ["aws_sensors"]
+
+
+@pytest.mark.parametrize(
+    ("event", "says"),
+    [
+        (SpotEvent(EventKind.ERROR, 1.0, message="ConfigError: zones: unknown"), "zones: unknown"),
+        (SpotEvent(EventKind.TICK, 1.0), "a bug in airflow-spot"),
+    ],
+)
+def test_a_watch_that_ends_without_the_condition_fails_the_task(event, says, tmp_path) -> None:
+    """An ERROR event (the trigger gave up) or one a sensor's trigger never sends fails the
+    task with a BackendError that says what happened."""
+    sensor = CheckpointSensor(task_id="c", checkpoint_uri=str(tmp_path), min_step=1)
+    with pytest.raises(BackendError, match="^c: ") as e:
+        sensor.execute_complete({}, event.to_payload())
+    assert says in str(e.value)
