@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from airflow_spot.exceptions import ConfigError, finite_number
-from airflow_spot.jobstate import AttemptHandle
+
+if TYPE_CHECKING:  # annotations only: the operator's import stays cheap (no ledger, no policy)
+    from airflow_spot.jobstate import AttemptHandle
 
 
 class State(str, Enum):

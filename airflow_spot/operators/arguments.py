@@ -9,7 +9,6 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow_spot.backends.base import missing_members
 from airflow_spot.checkpoint.stores import validate_uri
 from airflow_spot.durations import parse_hours
 from airflow_spot.exceptions import ConfigError, finite_number
@@ -225,6 +224,8 @@ def _check_backend(backend: Any) -> None:
             "backend",
             f"{backend.__name__} is a class: give an instance, e.g. {backend.__name__}(...)",
         )
+    from airflow_spot.backends.base import missing_members  # (not at import: DAG parsing)
+
     missing = missing_members(backend)
     if missing:
         raise ConfigError(

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from airflow_spot.jobstate import JobState
 
 MIN_STEPS_FOR_RATE = 10
-STATE_KEY = "airflow_spot_job"  # where the job's state lives in the task state store
 
 
 @dataclass(frozen=True)

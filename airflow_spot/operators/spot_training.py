@@ -32,7 +32,6 @@ from airflow_spot.operators.arguments import (
     check_arguments,
     resolve_deadline,
 )
-from airflow_spot.operators.job import STATE_KEY
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.operators.mapped import CheckedPartialDescriptor
 from airflow_spot.operators.retry import default_retry_policy, tries_left
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from airflow_spot.operators.turn import Turn
 
 log = logging.getLogger(__name__)
+STATE_KEY = "airflow_spot_job"  # where the job's state lives in the task state store
 TRIGGER_FAIL = "__fail__"  # Airflow's next_method when a trigger failed or timed out
 MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
 __all__ = ["PREEMPTION_ACTIONS", "STATE_KEY", "SpotTrainingOperator"]
@@ -211,7 +211,9 @@ class SpotTrainingOperator(BaseOperator):
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
                 from airflow_spot.operators.start import set_aside_failed_job
 
-                set_aside_failed_job(store, JobState.from_dict(raw), self._backend(), self.log)
+                set_aside_failed_job(
+                    store, STATE_KEY, JobState.from_dict(raw), self._backend(), self.log
+                )
             else:
                 self._check_earlier_checkpoints(context)
             state = self._new_state(time.time())

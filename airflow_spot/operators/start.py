@@ -10,7 +10,6 @@ from airflow_spot.backends.base import Backend, stop_and_release
 from airflow_spot.exceptions import BackendError
 from airflow_spot.jobstate import JobState
 from airflow_spot.operators.arguments import warn_of_reference_prices
-from airflow_spot.operators.job import STATE_KEY
 from airflow_spot.operators.summary import xcom_summary
 
 
@@ -34,7 +33,7 @@ def finished_again(raw: dict[str, Any], checkpoint_uri: str, log: Any) -> Any:
     )
 
 
-def set_aside_failed_job(store: Any, old: JobState, backend: Backend, log: Any) -> None:
+def set_aside_failed_job(store: Any, key: str, old: JobState, backend: Backend, log: Any) -> None:
     """Before a new job replaces one that failed for good: stop any attempt it left
     running (or fail this try) and keep its record under ``<key>.previous``."""
     live = old.live
@@ -45,13 +44,13 @@ def set_aside_failed_job(store: Any, old: JobState, backend: Backend, log: Any) 
                 f"attempt {live.attempt} of the failed job still runs and could not be "
                 "stopped; stop it by hand or retry"
             )
-    store.set(f"{STATE_KEY}.previous", old.to_dict())
+    store.set(f"{key}.previous", old.to_dict())
     log.info(
         "The previous job failed for good (%s: %s); its record is kept under %s.previous. "
         "Starting afresh from the newest checkpoint with this task's current arguments.",
         (old.failed or {}).get("error"),
         (old.failed or {}).get("message"),
-        STATE_KEY,
+        key,
     )
 
 
