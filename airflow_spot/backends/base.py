@@ -238,6 +238,14 @@ def missing_members(backend: Any) -> list[str]:
     return missing
 
 
+def look(backend: Backend, handle: AttemptHandle) -> AttemptStatus:
+    """The attempt's status, after the backend did what it found due (a notice relayed, a
+    pod that will never run deleted): the turn's and the watcher's look."""
+    status = backend.status(handle)
+    backend.carry_out(handle, status)
+    return status
+
+
 def stop_and_release(backend: Backend, handle: AttemptHandle) -> AttemptStatus:
     """Cancel an attempt and release what it holds: for callers that keep no record of it (a
     kill, a job replaced), so no log is read first."""

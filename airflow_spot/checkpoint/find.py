@@ -1,6 +1,6 @@
 """Find the newest valid checkpoint that meets a step or time bound (what ``CheckpointSensor``
-and its trigger wait for). No Airflow import: an S3 client built from an Airflow connection is
-passed in (see :mod:`airflow_spot.hooks.conditions`), or an already open store."""
+and its trigger wait for). No Airflow import: the caller opens the store, with an S3 client
+built from an Airflow connection where there is one (see :mod:`airflow_spot.hooks.conditions`)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,14 @@ from dataclasses import asdict
 from typing import Any
 
 from airflow_spot.checkpoint.checkpoints import Checkpoints
-from airflow_spot.checkpoint.stores import Store, open_store
+from airflow_spot.checkpoint.stores import Store
 
 
 def find_checkpoint(
-    uri: str,
-    min_step: int | None,
-    newer_than: float | None,
-    *,
-    s3_client: Any = None,
-    store: Store | None = None,
+    uri: str, min_step: int | None, newer_than: float | None, store: Store
 ) -> dict[str, Any] | None:
-    """The newest valid checkpoint under ``uri`` meeting the bounds, as a manifest dict with its
-    ``name`` and ``uri`` (None if there is none).
-
-    :param store: the store of ``uri``, already open (a watcher polling again reuses it); else
-        it is opened here, with ``s3_client`` for ``s3://`` (None: boto3's own environment).
-    """
-    if store is None:
-        store = open_store(uri, s3_client=s3_client)
+    """The newest valid checkpoint in ``store`` (the store of ``uri``) meeting the bounds, as a
+    manifest dict with its ``name`` and ``uri`` (None if there is none)."""
     m = Checkpoints.watching(store).latest_valid()
     if (
         m is None

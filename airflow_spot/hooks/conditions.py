@@ -34,4 +34,7 @@ def find_checkpoint(
     uri: str, min_step: int | None, newer_than: float | None, aws_conn_id: str | None
 ) -> dict[str, Any] | None:
     """The newest valid checkpoint meeting the bounds, as a manifest dict (None if there is none)."""
-    return _find_checkpoint(uri, min_step, newer_than, s3_client=s3_client_for(uri, aws_conn_id))
+    from airflow_spot.checkpoint.stores import open_store
+
+    store = open_store(uri, s3_client=s3_client_for(uri, aws_conn_id))
+    return _find_checkpoint(uri, min_step, newer_than, store)

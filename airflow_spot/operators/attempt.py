@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from airflow_spot.backends.base import AttemptStatus, Backend, Outcome
+from airflow_spot.backends.base import AttemptStatus, Backend, Outcome, look
 from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import ConfigError
@@ -43,8 +43,7 @@ class LiveAttempt:
         live = self.state.live
         if live is None:
             return None
-        status = self.backend.status(live.handle)
-        self.backend.carry_out(live.handle, status)  # a notice relayed, a stuck pod deleted
+        status = look(self.backend, live.handle)  # a notice relayed, a stuck pod deleted
         self.sync(live, status)
         if not status.terminal:
             return None

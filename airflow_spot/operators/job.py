@@ -4,7 +4,7 @@ identity, as frozen values (the loop never sees the operator, its templates or A
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -39,13 +39,7 @@ class TaskIdentity:
 
     def to_dict(self) -> dict[str, Any]:
         """As a backend's ``launch`` takes it."""
-        return {
-            "dag_id": self.dag_id,
-            "task_id": self.task_id,
-            "run_id": self.run_id,
-            "map_index": self.map_index,
-            "try_number": self.try_number,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

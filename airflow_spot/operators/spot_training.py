@@ -400,7 +400,9 @@ class SpotTrainingOperator(BaseOperator):
                     return xcom_summary(result.summary or {})
                 self._live_handle = state.live.handle if state.live else None
                 now = time.time()
-                trigger = self._trigger(state, result.wake_at, turn.cooling_until(now), now)
+                trigger = self._trigger(
+                    state, result.wake_at, turn.capacity.cooling_until(now), now
+                )
                 if self.deferrable and result.wake_at - now >= self.min_deferral.total_seconds():
                     self.defer(
                         trigger=trigger,

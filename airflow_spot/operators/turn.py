@@ -13,7 +13,6 @@ from typing import Any
 
 from airflow_spot.backends.base import Backend, Outcome
 from airflow_spot.checkpoint.checkpoints import Checkpoints
-from airflow_spot.checkpoint.manifest import Manifest
 from airflow_spot.exceptions import (
     BackendError,
     ConfigError,
@@ -140,9 +139,6 @@ class Turn:
                 "try; giving up on it"
             )
 
-    def cooling_until(self, now: float) -> dict[str, float]:
-        return self.capacity.cooling_until(now)
-
     # -- finishing --------------------------------------------------------------------------
     def _complete(self, now: float) -> dict[str, Any] | None:
         """All the work is checkpointed though the attempt has not reported its end yet: stop
@@ -189,7 +185,7 @@ class Turn:
             self.attempt.stop()
 
     # -- deciding ---------------------------------------------------------------------------
-    def _progress(self, now: float) -> tuple[Progress, Manifest | None]:
+    def _progress(self) -> Progress:
         st = self.state
         latest = self.checkpoints.latest_manifest()
         total = self.args.total_steps_known(st, latest)
@@ -214,7 +210,7 @@ class Turn:
             reported = max(done_steps, live.step_end)
             if live.capacity == Capacity.ON_DEMAND.value:
                 done_steps = reported  # on-demand progress is not taken back (spot's may be)
-        return Progress(total, done_steps, reported, sps, changeover), latest
+        return Progress(total, done_steps, reported, sps, changeover)
 
     def _job(self, p: Progress) -> JobSpec:
         """The policy's job: the work at the measured rate, the deadline less the guard."""
@@ -274,7 +270,7 @@ class Turn:
 
     def decide(self, now: float, spot: bool | None) -> tuple[Decision, JobSpec, Observation]:
         st = self.state
-        p, _ = self._progress(now)
+        p = self._progress()
         job = self._job(p)
         obs = self._observe(now, p, job, spot)
         decision = self._within_budget(self.policy.decide(job, obs))
@@ -309,9 +305,6 @@ class Turn:
                 f"(on_preemption_budget='fail'); application failures so far: {st.failures}"
             )
         return Decision(Capacity.ON_DEMAND, "budget_spent", (st.preemptions, limit))
-
-    def seconds_per_step(self, total: int) -> float:
-        return self.args.seconds_per_step(self.state, total)
 
     def _guard(self, steps_left: int, sps: float, work_s: float, changeover: float) -> float:
         """Market seconds the policy keeps back from the deadline for what the plan takes as

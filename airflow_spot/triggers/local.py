@@ -10,49 +10,16 @@ from airflow_spot.triggers.attempt import AttemptTrigger
 
 
 class LocalAttemptTrigger(AttemptTrigger):
-    """0.1.0's trigger of a local attempt (its stored kwargs)."""
+    """0.1.0's trigger of a local attempt; its stored kwargs (``handle``, ``market``,
+    ``spot_was``, ``wake_at``, ``poll_interval``, ``cooling``, ``hold_until``) name no backend."""
 
-    def __init__(
-        self,
-        *,
-        handle: dict[str, Any] | None,
-        market: dict[str, Any] | None,
-        spot_was: bool | None,
-        wake_at: float,
-        poll_interval: float = 5.0,
-        cooling: dict[str, float] | None = None,
-        hold_until: float | None = None,
-    ) -> None:
-        super().__init__(
-            handle=handle,
-            backend=None,
-            market=market,
-            spot_was=spot_was,
-            wake_at=wake_at,
-            poll_interval=poll_interval,
-            cooling=cooling,
-            hold_until=hold_until,
-        )
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(backend=None, **kwargs)
 
 
 class KubernetesAttemptTrigger(AttemptTrigger):
-    """0.1.0's trigger of a pod (its stored kwargs)."""
+    """0.1.0's trigger of a pod; its stored kwargs (``handle``, ``backend``, ``wake_at``,
+    ``poll_interval``, ``hold_until``) carry no replayed market."""
 
-    def __init__(
-        self,
-        *,
-        handle: dict[str, Any] | None,
-        backend: dict[str, Any],
-        wake_at: float,
-        poll_interval: float = 5.0,
-        hold_until: float | None = None,
-    ) -> None:
-        super().__init__(
-            handle=handle,
-            backend=backend,
-            market=None,
-            spot_was=None,
-            wake_at=wake_at,
-            poll_interval=poll_interval,
-            hold_until=hold_until,
-        )
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(market=None, spot_was=None, **kwargs)

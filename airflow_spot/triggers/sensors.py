@@ -102,9 +102,7 @@ class CheckpointTrigger(SpotPollingTrigger):
         from airflow_spot.checkpoint.find import find_checkpoint
 
         k: dict[str, Any] = self._kwargs
-        found = find_checkpoint(
-            k["checkpoint_uri"], k["min_step"], k["newer_than"], store=self.store
-        )
+        found = find_checkpoint(k["checkpoint_uri"], k["min_step"], k["newer_than"], self.store)
         return (
             None if found is None else SpotEvent(EventKind.CONDITION_MET, time.time(), None, found)
         )

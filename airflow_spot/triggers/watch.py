@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Backend
+from airflow_spot.backends.base import AttemptStatus, Backend, look
 from airflow_spot.backends.capacity import replayed_spot
 from airflow_spot.backends.local.market import Pools
 from airflow_spot.backends.registry import load_backend
@@ -56,9 +56,7 @@ class Watch:
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """The attempt's status, after doing what it found due (relaying a notice while the
         task is deferred is the watcher's job)."""
-        status = self.attempts.status(handle)
-        self.attempts.carry_out(handle, status)
-        return status
+        return look(self.attempts, handle)
 
     def poll_once(self, now: float | None = None) -> SpotEvent | None:
         now = time.time() if now is None else now

@@ -27,6 +27,7 @@ from airflow_spot.backends.base import (
     State,
     check_pool_price,
     check_pools,
+    look,
 )
 from airflow_spot.backends.kubernetes.classify import (
     Classification,
@@ -511,9 +512,7 @@ class KubernetesBackend:
         """Delete the pod and wait until it is gone (even if its status cannot be read). A pod
         that already ended is left for the caller's :meth:`release` (after its log is read)."""
         try:
-            seen = self.status(handle)
-            self.carry_out(handle, seen)
-            st: AttemptStatus | None = seen
+            st: AttemptStatus | None = look(self, handle)
         except Exception as e:  # noqa: BLE001 - a pod we cannot read must still go
             log.warning("Pod %s: cannot read its status (%s); deleting it anyway.", _pod(handle), e)
             st = None
