@@ -54,6 +54,7 @@ PLACED: dict[str, tuple[str, str]] = {
     "backends": ("backends", "the backends package __init__: re-exports backends.base"),
     "backends.base": ("backends", "the Backend protocol and attempt status every backend shares"),
     "backends.capacity": ("backends", "spot availability decided for the turn and the watcher"),
+    "backends.signals": ("backends", "one piece of evidence of spot's state, from one source"),
     "backends.registry": ("backends", "a backend from its settings (the watcher rebuilds it)"),
     "demo": ("shell", "`make demo`: runs the example DAG with dag.test(), a user of everything"),
     "testing": ("shell", "test doubles for task state and Airflow context, used by tests only"),
