@@ -120,6 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--windows", type=int, default=300, help="how many random windows per trace (with --window)"
     )
+    sim.add_argument(
+        "--observe",
+        choices=["cluster", "oracle"],
+        default="cluster",
+        help="what a policy sees of spot: 'cluster' (default: only through the job's own spot "
+        "attempt, its spot request and its probes, as on a real cluster; returns to spot are "
+        "make-before-break) or 'oracle' (the paper's model: spot's true state at every look)",
+    )
+    sim.add_argument(
+        "--probe-hold",
+        type=_hours_arg("--probe-hold"),
+        help="how long capacity a probe found and the job did not use is billed, at the spot "
+        "price (default: one changeover); e.g. 10m",
+    )
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--workers", type=int)
     sim.add_argument(
@@ -224,13 +238,16 @@ def _simulate(args: argparse.Namespace) -> int:
         policies,
         settings,
         use_trace_prices=args.trace_prices,
+        observe=args.observe,
+        probe_hold_s=None if args.probe_hold is None else args.probe_hold * 3600.0,
         workers=args.workers,
         progress=progress,
     )
     elapsed = time.perf_counter() - t0
     print(format_table(summarise(rows)))
     print(
-        f"{len(traces)} traces x {len(policies)} policies x {len(settings)} settings in {elapsed:.1f} s"
+        f"{len(traces)} traces x {len(policies)} policies x {len(settings)} settings, "
+        f"observe={args.observe}, in {elapsed:.1f} s"
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=None))

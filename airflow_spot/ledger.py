@@ -19,6 +19,7 @@ class Phase(str, Enum):
     LAUNCHING = "launching"  # changeover: start-up and restore; billed, no progress
     RUNNING = "running"  # billed, progress
     IDLE = "idle"  # waiting for spot; free
+    PROBE = "probe"  # a node a probe (or a spot request) found and the job did not use; billed
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,7 @@ class Segment:
     attempt: int = 0
     ended_by: str = ""  # "", "preempted", "failed", "completed", "switched", "cancelled"
     lost_s: float = 0.0  # work done in this segment but lost (not checkpointed) at its end
+    overlap: bool = False  # on-demand training on while a spot return launches (make-before-break)
 
     @property
     def hours(self) -> float:
@@ -57,6 +59,7 @@ class Ledger:
     on_demand_price: float
     segments: list[Segment] = field(default_factory=list)
     finished_s: float | None = None
+    probes: int = 0  # probes asked (each may find capacity or not; only a found one costs)
 
     def add(self, seg: Segment) -> None:
         if seg.end_s < seg.start_s:
@@ -91,6 +94,16 @@ class Ledger:
         return sum(1 for s in self.segments if s.ended_by == "preempted")
 
     @property
+    def probe_cost(self) -> float:
+        """What capacity found by probes or spot requests, and not used, cost."""
+        return sum(s.cost for s in self.segments if s.phase is Phase.PROBE)
+
+    @property
+    def overlap_hours(self) -> float:
+        """Hours on-demand trained on while a spot return launched (both billed)."""
+        return sum(s.hours for s in self.segments if s.overlap)
+
+    @property
     def work_lost_s(self) -> float:
         return sum(s.lost_s for s in self.segments)
 
@@ -102,7 +115,7 @@ class Ledger:
 
     def summary(self) -> dict[str, Any]:
         """Plain JSON-able figures (the operator's XCom, the UI's row)."""
-        spot = self.hours(Capacity.SPOT)
+        spot = self.hours(Capacity.SPOT) - self.hours(Capacity.SPOT, Phase.PROBE)
         od = self.hours(Capacity.ON_DEMAND)
         return {
             "spot_hours": round(spot, 6),
@@ -114,6 +127,9 @@ class Ledger:
             "savings": round(self.savings, 6),
             "preemptions": self.preemptions,
             "work_lost_hours": round(self.work_lost_s / HOUR, 6),
+            "probes": self.probes,
+            "probe_cost": round(self.probe_cost, 6),
+            "overlap_hours": round(self.overlap_hours, 6),
             "deadline_met": self.deadline_met,
             "finished_hours": None if self.finished_s is None else round(self.finished_s / HOUR, 6),
             "segments": [_seg_dict(s) for s in self.segments],

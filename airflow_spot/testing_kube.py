@@ -65,10 +65,13 @@ def _match_fields(obj, selector):
 
 class Emulator(kmock.KubernetesEmulator):
     """Set emulator.pod_logs[(ns, name)] = "text" to serve pods/log, or emulator.log_root to
-    serve FakeCloud's container logs (``<log_root>/<pod>/container.log``).
+    serve FakeCloud's container logs (``<log_root>/<pod>/container.log``); emulator.forbidden
+    to answer 403 for resources RBAC would forbid.
     Adds server-side defaults on create, resourceVersion bumps, label/field selectors."""
 
     log_root: Path | None = None
+    # resources RBAC forbids: "configmaps" (anywhere) or "configmaps/kube-system" (one namespace)
+    forbidden: frozenset[str] = frozenset()
     keep_history = False  # kmock re-scans ALL past requests per request: O(n) latency growth
 
     async def __call__(self, raw):
@@ -83,6 +86,15 @@ class Emulator(kmock.KubernetesEmulator):
                     lst[:] = [r for r in lst if r._raw_request is not raw]
 
     async def _handle(self, request):
+        plural = request.resource.plural if request.resource is not None else None
+        if plural and {plural, f"{plural}/{request.namespace}"} & set(self.forbidden):
+            raise kmock.KubernetesError(
+                status=403,
+                reason="Forbidden",
+                message=f'{plural} is forbidden: User "system:serviceaccount:airflow:worker" '
+                f'cannot {request.method.lower()} resource "{plural}" in namespace '
+                f'"{request.namespace or ""}"',
+            )
         if (
             request.subresource == "log" and request.method == "GET"
         ):  # else kmock returns the pod JSON
@@ -218,12 +230,87 @@ def _now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def autoscaler_status(group: str, backoff: bool, at: float | None = None) -> dict:
+    """A ``kube-system/cluster-autoscaler-status`` ConfigMap as cluster-autoscaler >= 1.30
+    writes it (YAML status; ``last-updated`` in Go's time format), with one node group."""
+    t = datetime.datetime.fromtimestamp(_time.time() if at is None else at, datetime.UTC)
+    go_time = t.strftime("%Y-%m-%d %H:%M:%S.%f000 +0000 UTC")
+    iso = t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    scale_up = (
+        """    status: Backoff
+    backoffInfo:
+      errorCode: placeholder-cannot-be-fulfilled
+      errorMessage: AWS cannot provision any more instances for this node group
+"""
+        if backoff
+        else "    status: NoActivity\n    backoffInfo: {}\n"
+    )
+    status = f"""autoscalerStatus: Running
+clusterWide:
+  health:
+    lastProbeTime: "{iso}"
+    lastTransitionTime: "{iso}"
+    nodeCounts:
+      longUnregistered: 0
+      registered: {{notStarted: 0, ready: 1, total: 1, unready: {{resourceUnready: 0, total: 0}}}}
+      unregistered: 0
+    status: Healthy
+  scaleUp:
+    lastProbeTime: "{iso}"
+    lastTransitionTime: "{iso}"
+    status: {"Backoff" if backoff else "NoActivity"}
+nodeGroups:
+- health:
+    cloudProviderTarget: 0
+    lastProbeTime: "{iso}"
+    lastTransitionTime: "{iso}"
+    maxSize: 8
+    minSize: 0
+    status: Healthy
+  name: {group}
+  scaleDown:
+    lastProbeTime: "{iso}"
+    lastTransitionTime: "{iso}"
+    status: NoCandidates
+  scaleUp:
+{scale_up}    lastProbeTime: "{iso}"
+    lastTransitionTime: "{iso}"
+time: {go_time}
+"""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "cluster-autoscaler-status",
+            "namespace": "kube-system",
+            "annotations": {"cluster-autoscaler.kubernetes.io/last-updated": go_time},
+        },
+        "data": {"status": status},
+    }
+
+
 class FakeCloud:
     """Kubelet and cloud for one namespace, stepping in a background thread.
 
     ``plan`` maps the ordinal of a spot pod (1, 2, ...) to ``(signal, seconds_running)``: that
     pod is reclaimed with that signal once it has run so long. ``spot_available`` decides
     whether spot pods can be scheduled at all (``spot_gone_after_plan``: not after the plan).
+
+    Opt-in, as a cluster shows spot (defaults keep none of it):
+
+    * ``ice_events``: a spot pod that cannot have a node gets a Karpenter-shaped Warning
+      ``InsufficientCapacityError`` event on a NodeClaim (type and zone from its selector, else
+      ``ice_instance_type`` / ``ice_zone``);
+    * ``autoscaler_group``: the name of a cluster-autoscaler spot node group: the
+      ``kube-system/cluster-autoscaler-status`` ConfigMap (v1.30+ YAML) shows it in ``Backoff``
+      while spot cannot be had, a refused pod gets ``NotTriggerScaleUp ... in backoff``, and a
+      pod waiting for its node ``TriggeredScaleUp``;
+    * ``node_launch_delay_s``: a pod waits this long for its node;
+    * ``gpus_per_node``: each node's allocatable ``nvidia.com/gpu``.
+
+    A probe (label ``airflow-spot/probe=true``) runs nothing: while spot can be had it gets a
+    node of its own (labelled with its node selector) and is bound there; once it is deleted,
+    its empty node is given back (deleted).
     """
 
     def __init__(
@@ -234,6 +321,13 @@ class FakeCloud:
         plan: dict[int, tuple[str, float]] | None = None,
         grace_s: float = 3.0,
         spot_gone_after_plan: bool = False,
+        *,
+        ice_events: bool = False,
+        ice_instance_type: str = "g4dn.xlarge",
+        ice_zone: str = "eu-west-3b",
+        autoscaler_group: str | None = None,
+        node_launch_delay_s: float = 0.0,
+        gpus_per_node: int = 0,
     ) -> None:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
@@ -252,6 +346,16 @@ class FakeCloud:
         self.spot_ordinal: dict[str, int] = {}
         self.injected: list[tuple[str, str]] = []  # (pod, signal)
         self.reclaiming: dict[str, tuple[str, float]] = {}  # pod -> (signal, when the notice began)
+        self.ice_events = ice_events
+        self.ice_instance_type, self.ice_zone = ice_instance_type, ice_zone
+        self.autoscaler_group = autoscaler_group
+        self.node_launch_delay_s = node_launch_delay_s
+        self.gpus_per_node = gpus_per_node
+        self.first_seen: dict[str, float] = {}  # pod -> when it was first seen pending
+        self.told: set[tuple[str, str]] = set()  # (pod, event reason) written once
+        self.probe_nodes: dict[str, str] = {}  # probe -> the node made for it
+        self.released: list[str] = []  # nodes given back after their probe went
+        self._backoff_shown: bool | None = None  # what the status ConfigMap shows
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._n = itertools.count(1)
@@ -285,36 +389,67 @@ class FakeCloud:
                 self._kill(self.procs.pop(name), _signal.SIGKILL)
         for name, pod in pods.items():
             phase = pod.status.phase if pod.status else "Pending"
-            if phase == "Pending" and name not in self.procs:
+            if (pod.metadata.labels or {}).get("airflow-spot/probe") == "true":
+                self._tend_probe(pod)
+            elif phase == "Pending" and name not in self.procs:
                 self._schedule(pod)
             elif name in self.procs:
                 self._tend(pod)
+        for probe in [p for p in self.probe_nodes if p not in pods]:
+            self._give_back(self.probe_nodes.pop(probe), pods)
+        if self.autoscaler_group:
+            self._show_status()
 
-    def _schedule(self, pod) -> None:
-        cap = (pod.metadata.labels or {}).get("airflow-spot/capacity", "on_demand")
-        name = pod.metadata.name
+    def _spot_refused(self, pod) -> bool:
+        """Spot cannot be had for this pod (none at all, or its pool is blocked)."""
         selector = pod.spec.node_selector or {}
         blocked = any(
             all(selector.get(k) == v for k, v in b.items()) for b in self.blocked_selectors
         )
-        if cap == "spot" and (not self.spot_available or blocked):
-            self.api.patch_namespaced_pod_status(
-                name,
-                self.ns,
-                {
-                    "status": {
-                        "phase": "Pending",
-                        "conditions": [
-                            {
-                                "type": "PodScheduled",
-                                "status": "False",
-                                "reason": "Unschedulable",
-                                "message": "0/3 nodes are available: no spot capacity",
-                            }
-                        ],
-                    }
-                },
+        return not self.spot_available or blocked
+
+    def _waiting(self, pod) -> bool:
+        """Its node is still being made (``node_launch_delay_s``): the autoscaler says so."""
+        name = pod.metadata.name
+        seen = self.first_seen.setdefault(name, _time.time())
+        if _time.time() - seen >= self.node_launch_delay_s:
+            return False
+        if self.autoscaler_group:
+            self._tell(
+                pod,
+                "TriggeredScaleUp",
+                "Normal",
+                f"pod triggered scale-up: [{{{self.autoscaler_group} 0->1 (max: 8)}}]",
             )
+        return True
+
+    def _unschedulable(self, name: str) -> None:
+        self.api.patch_namespaced_pod_status(
+            name,
+            self.ns,
+            {
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "0/3 nodes are available: no spot capacity",
+                        }
+                    ],
+                }
+            },
+        )
+
+    def _schedule(self, pod) -> None:
+        cap = (pod.metadata.labels or {}).get("airflow-spot/capacity", "on_demand")
+        name = pod.metadata.name
+        if cap == "spot" and self._spot_refused(pod):
+            self._unschedulable(name)
+            self._refuse(pod)
+            return
+        if self.node_launch_delay_s and self._waiting(pod):
             return
         # as on a real cluster that adds a node per pod (Karpenter, cluster autoscaler): the
         # scheduler first reports that no node fits, in words that mention preemption
@@ -336,22 +471,7 @@ class FakeCloud:
                 "lastTimestamp": _now_iso(),
             },
         )
-        node = f"{cap.replace('_', '-')}-node-{next(self._n)}"
-        key, value = CAPACITY_LABEL[cap]
-        self.api.create_node(
-            {
-                "metadata": {"name": node, "labels": {key: value}},
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "True",
-                            "message": "kubelet is posting ready status",
-                        }
-                    ]
-                },
-            }
-        )
+        node = self._new_node(cap, {})
         self.api.patch_namespaced_pod(name, self.ns, {"spec": {"nodeName": node}})
         c = pod.spec.containers[0]
         env = {**_os.environ, **{e.name: e.value for e in c.env or []}}
@@ -395,6 +515,145 @@ class FakeCloud:
                 }
             },
         )
+
+    def _new_node(self, cap: str, labels: dict[str, str]) -> str:
+        """A Ready node of capacity ``cap`` (with ``labels``, and GPUs if asked for)."""
+        node = f"{cap.replace('_', '-')}-node-{next(self._n)}"
+        key, value = CAPACITY_LABEL[cap]
+        status: dict = {
+            "conditions": [
+                {"type": "Ready", "status": "True", "message": "kubelet is posting ready status"}
+            ]
+        }
+        if self.gpus_per_node:
+            gpus = {"nvidia.com/gpu": str(self.gpus_per_node)}
+            status["capacity"], status["allocatable"] = dict(gpus), dict(gpus)
+        self.api.create_node(
+            {"metadata": {"name": node, "labels": {**labels, key: value}}, "status": status}
+        )
+        return node
+
+    def _tell(self, pod, reason: str, kind: str, message: str) -> None:
+        """An event on ``pod``, once per reason (a real one repeats with a count)."""
+        name = pod.metadata.name
+        if (name, reason) in self.told:
+            return
+        self.told.add((name, reason))
+        self.api.create_namespaced_event(
+            self.ns,
+            {
+                "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}"},
+                "reason": reason,
+                "type": kind,
+                "message": message,
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": name,
+                    "namespace": self.ns,
+                    "uid": pod.metadata.uid,
+                },
+                "source": {"component": "cluster-autoscaler"},
+                "count": 1,
+                "firstTimestamp": _now_iso(),
+                "lastTimestamp": _now_iso(),
+            },
+        )
+
+    def _refuse(self, pod) -> None:
+        """What the cluster shows when a spot pod cannot have a node: Karpenter's ICE event on
+        a NodeClaim it made and deleted, and/or the autoscaler's backoff."""
+        name = pod.metadata.name
+        if self.ice_events and (name, "InsufficientCapacityError") not in self.told:
+            self.told.add((name, "InsufficientCapacityError"))
+            sel = pod.spec.node_selector or {}
+            kind = sel.get("node.kubernetes.io/instance-type", self.ice_instance_type)
+            zone = sel.get("topology.kubernetes.io/zone", self.ice_zone)
+            claim = f"{sel.get('karpenter.sh/nodepool', 'default')}-{uuid.uuid4().hex[:5]}"
+            self.api.create_namespaced_event(
+                "default",  # a NodeClaim is cluster-scoped: its events go to "default"
+                {
+                    "metadata": {"name": f"{claim}.{uuid.uuid4().hex[:16]}"},
+                    "reason": "InsufficientCapacityError",
+                    "type": "Warning",
+                    "message": f"NodeClaim {claim} event: insufficient capacity, with fleet "
+                    f"error(s), InsufficientInstanceCapacity: We currently do not have "
+                    f"sufficient {kind} capacity in the Availability Zone you requested "
+                    f"({zone}). Our system will be working on provisioning additional capacity.",
+                    "involvedObject": {
+                        "apiVersion": "karpenter.sh/v1",
+                        "kind": "NodeClaim",
+                        "name": claim,
+                        "uid": str(uuid.uuid4()),
+                    },
+                    "source": {"component": "karpenter"},
+                    "reportingComponent": "karpenter",
+                    "count": 1,
+                    "firstTimestamp": _now_iso(),
+                    "lastTimestamp": _now_iso(),
+                },
+            )
+        if self.autoscaler_group:
+            self._tell(
+                pod,
+                "NotTriggerScaleUp",
+                "Normal",
+                "pod didn't trigger scale-up: 1 in backoff after failed scale-up, 2 node(s) "
+                "didn't match Pod's node affinity/selector",
+            )
+
+    def _tend_probe(self, pod) -> None:
+        """A probe runs nothing: bound to a node of its own while spot can be had."""
+        name = pod.metadata.name
+        if pod.spec.node_name or name in self.probe_nodes:
+            return
+        if self._spot_refused(pod):
+            if (name, "Unschedulable") not in self.told:
+                self.told.add((name, "Unschedulable"))
+                self._unschedulable(name)
+            self._refuse(pod)
+            return
+        if self._waiting(pod):
+            return
+        node = self._new_node("spot", dict(pod.spec.node_selector or {}))
+        self.probe_nodes[name] = node
+        self.api.patch_namespaced_pod(name, self.ns, {"spec": {"nodeName": node}})
+        now = _now_iso()
+        self.api.patch_namespaced_pod_status(
+            name,
+            self.ns,
+            {
+                "status": {
+                    "phase": "Running",
+                    "startTime": now,
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}
+                    ],
+                }
+            },
+        )
+
+    def _give_back(self, node: str, pods: dict) -> None:
+        """The node made for a deleted probe goes back once nothing else is on it."""
+        if any(p.spec.node_name == node for p in pods.values()):
+            return
+        with contextlib.suppress(Exception):
+            self.api.delete_node(node)
+        self.released.append(node)
+
+    def _show_status(self) -> None:
+        """The autoscaler's status ConfigMap: its spot group in Backoff while spot cannot be
+        had (after a refused pod), NoActivity otherwise; written when that changes."""
+        backoff = not self.spot_available or bool(self.blocked_selectors)
+        backoff = backoff and any(r == "NotTriggerScaleUp" for _, r in self.told)
+        if backoff == self._backoff_shown:
+            return
+        self._backoff_shown = backoff
+        body = autoscaler_status(self.autoscaler_group or "", backoff)
+        try:
+            self.api.create_namespaced_config_map("kube-system", body)
+        except Exception:  # noqa: BLE001 - it exists: update it
+            self.api.patch_namespaced_config_map("cluster-autoscaler-status", "kube-system", body)
 
     def _tend(self, pod) -> None:
         name = pod.metadata.name

@@ -59,6 +59,7 @@ def main() -> None:
         traces,
         list(COLUMNS),
         [Setting(48.0, dl, co, 0.9731, 3.06) for dl, co in settings],
+        observe="oracle",  # the paper's model: the published results are replayed with it
         workers=args.workers,
     )
     res = check(rows, ref)

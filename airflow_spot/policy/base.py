@@ -50,6 +50,20 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     return Decision(Capacity.ON_DEMAND, "safety", (slack_h,))
 
 
+def ask_spot(obs: Observation) -> Decision:
+    """Spot unseen: ask for it (a request that waits unbilled if spot is down)."""
+    return Decision(Capacity.SPOT, "spot_ask", (unseen(obs),))
+
+
+def unseen(obs: Observation) -> str:
+    """What is known of spot while it is unseen, for a reason (``never seen`` at the start)."""
+    if obs.spot_seen is None:
+        return "never seen"
+    state = "up" if obs.spot_seen else "down"
+    via = f" by {obs.spot_source}" if obs.spot_source else ""
+    return f"{state} when last seen{via} {obs.spot_unseen_s / HOUR:.2f} h ago"
+
+
 class Policy:
     """Base of all policies: subclasses implement :meth:`choose`; :meth:`decide` adds the rest."""
 

@@ -34,6 +34,7 @@ fitted in sample it picks the same).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -145,41 +146,107 @@ class DeadlineAware(Policy):
         left = job.deadline_s - obs.now
         work_left = job.work_s - obs.done_s
         slack = left - work_left
-        up = bool(obs.spot_available)
-        bucket = model.bucket(obs.spot_age_s)
         context = model.context_of(obs.last_up_s, obs.last_down_s)
         # the plan counts whole intervals left: its slack is those intervals less the work
         # left rounded up (rounding time and slack down apart, a job with less work left than
         # the part of an interval dropped looked done, and left running on-demand for spot)
         tau = int(left // plan.tick_s + 1e-9)
         units = tau * round(plan.tick_s / plan.unit_s) - math.ceil(work_left / plan.unit_s - 1e-9)
-        cheap = plan.cheap(
-            tau,
-            plan.state(obs.capacity.value, obs.changeover_left_s),
-            up,
-            context * len(model.edges) + bucket,
-            units if slack >= 0 else -1,
-        )
+        units = units if slack >= 0 else -1
+        state = plan.state(obs.capacity.value, obs.changeover_left_s)
+
+        def cheap(up: bool, age_s: float) -> bool:
+            bucket = context * len(model.edges) + model.bucket(age_s)
+            return plan.cheap(tau, state, up, bucket, units)
+
+        if obs.spot_available is None:
+            return self._unseen(job, obs, model, context, cheap, slack)
+        up = obs.spot_available
+        bucket = model.bucket(obs.spot_age_s)
+        is_cheap = cheap(up, obs.spot_age_s)
         age_h = obs.spot_age_s / HOUR
         more = _Expected(model, up, bucket, context)
         if up:
             if obs.capacity is Capacity.ON_DEMAND:
-                if not cheap:
+                if not is_cheap:
                     return Decision(Capacity.ON_DEMAND, "dp_keep_od", (age_h, more, slack / HOUR))
                 if obs.spot_age_s + job.tick_s < p.settle * d:
                     return Decision(Capacity.ON_DEMAND, "dp_settle", (age_h, p.settle * d / HOUR))
                 return Decision(Capacity.SPOT, "dp_return", (age_h, more, slack / HOUR))
-            if cheap:
+            if is_cheap:
                 return Decision(Capacity.SPOT, "dp_spot", (age_h, more))
             return Decision(Capacity.ON_DEMAND, "dp_od_up", (age_h, more, slack / HOUR))
+        # spot is down: a probe or request that waits while it is down costs nothing, and it
+        # sees the next run begin (so its age is known, not guessed)
         if obs.capacity is Capacity.ON_DEMAND:
-            return Decision(Capacity.ON_DEMAND, "dp_od_spot_down", (age_h,))
+            return Decision(Capacity.ON_DEMAND, "dp_od_spot_down", (age_h,), look=True)
         reserve = self.reserve(job, obs)
-        if not cheap:
-            return Decision(Capacity.ON_DEMAND, "dp_od", (age_h, more, slack / HOUR))
+        if not is_cheap:
+            return Decision(Capacity.ON_DEMAND, "dp_od", (age_h, more, slack / HOUR), look=True)
         if slack - d <= reserve:
-            return Decision(Capacity.ON_DEMAND, "dp_floor", (age_h, slack / HOUR, reserve / HOUR))
-        return Decision(Capacity.NONE, "dp_wait", (age_h, more, slack / HOUR, reserve / HOUR))
+            return Decision(
+                Capacity.ON_DEMAND,
+                "dp_floor",
+                (age_h, slack / HOUR, reserve / HOUR),
+                look=True,
+            )
+        return Decision(
+            Capacity.NONE, "dp_wait", (age_h, more, slack / HOUR, reserve / HOUR), look=True
+        )
+
+    def _unseen(
+        self,
+        job: JobSpec,
+        obs: Observation,
+        model: HazardModel,
+        context: int,
+        cheap: Callable[[bool, float], bool],
+        slack: float,
+    ) -> Decision:
+        """Spot's state is not seen now (a cluster shows it only through the job's own spot
+        attempt, its request and its probes). The belief: spot was last seen up (or down) in
+        a run of age ``a``, ``e`` ago; the semi-Markov model gives the chance it is up now.
+
+        * Last seen up (a probe found a run the plan did not take): the run, if it goes on, is
+          ``a + e`` old now. Once the plan would take spot of that age, ask for it: a request
+          granted at once if the run goes on, and on-demand trains until spot is ready; if the
+          run ended unseen, the request waits unbilled and shows the outage.
+        * Last seen down, or never seen: a probe (or request) waiting while spot is down costs
+          nothing and shows the next run begin; only capacity it finds and the job does not
+          take is billed. So look, and ask for spot outright where the plan would take a run
+          that just began (``cheap`` at age 0): then a find is never wasted.
+        """
+        e, a = obs.spot_unseen_s, obs.spot_age_s
+        seen = obs.spot_seen
+        p_up = model.p_up(bool(seen), a, context, e) if seen is not None else None
+        if seen:
+            age = a + e
+            belief = (e / HOUR, "up", "run", age / HOUR, _pct(p_up), "it still runs")
+            if cheap(True, age):
+                return Decision(Capacity.SPOT, "unseen_ask", (*belief, slack / HOUR))
+            if obs.capacity is Capacity.ON_DEMAND:
+                return Decision(Capacity.ON_DEMAND, "unseen_keep_od", (*belief, slack / HOUR))
+            return Decision(
+                Capacity.ON_DEMAND if not cheap(False, 0.0) else Capacity.NONE,
+                "unseen_wait",
+                (*belief, slack / HOUR),
+                look=True,
+            )
+        if seen is None:
+            belief = (0.0, "never", "state", 0.0, "?", "it is up")
+        else:
+            belief = (e / HOUR, "down", "outage", (a + e) / HOUR, _pct(p_up), "it is back")
+        if cheap(True, 0.0) and obs.capacity is not Capacity.ON_DEMAND:
+            return Decision(Capacity.SPOT, "unseen_ask", (*belief, slack / HOUR))
+        if obs.capacity is Capacity.ON_DEMAND:
+            if cheap(True, 0.0):
+                return Decision(Capacity.SPOT, "unseen_ask", (*belief, slack / HOUR))
+            return Decision(Capacity.ON_DEMAND, "unseen_probe", (*belief, slack / HOUR), look=True)
+        return Decision(Capacity.ON_DEMAND, "unseen_od", (*belief, slack / HOUR), look=True)
+
+
+def _pct(p: float | None) -> str:
+    return "?" if p is None else f"{100 * p:.0f}"
 
 
 class _Expected:

@@ -28,6 +28,7 @@ import bisect
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 # First age (in decision intervals) of each bucket.
 EDGES: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 9, 13, 19, 28, 42, 63, 95, 144)
@@ -142,6 +143,13 @@ class HazardModel:
                 break
         return (total + 0.5) * self.tick_s
 
+    def p_up(self, up: bool, age_s: float, k: int, elapsed_s: float) -> float:
+        """The belief: the chance spot is up ``elapsed_s`` after it was last seen ``up`` (or
+        down) in a run of ``age_s``, in context ``k`` (the semi-Markov model run forward; a
+        run's length decides whether it counts as short when it ends)."""
+        steps = int(elapsed_s / self.tick_s + 0.5)
+        return _p_up(self, up, self.bucket(age_s), k, min(steps, 400))
+
     def to_json(self) -> dict:
         return {
             "tick_s": self.tick_s,
@@ -166,6 +174,27 @@ class HazardModel:
             tuple(tuple(t) for t in d.get("context", ())),
             float(d.get("short_s", 1200.0)),
         )
+
+
+@lru_cache(maxsize=4096)
+def _p_up(model: HazardModel, up: bool, b: int, k: int, steps: int) -> float:
+    nb = len(model.edges)
+    dist: dict[tuple[bool, int, int], float] = {(up, k, b): 1.0}
+    for _ in range(steps):
+        nxt: dict[tuple[bool, int, int], float] = {}
+        for (u, c, j), p in dist.items():
+            h = model.table(u, c)[j]
+            short = (model.edges[j] + 1) * model.tick_s <= model.short_s + 1e-6
+            flip = (not u, model.after_run(c, u, short), 0)
+            nxt[flip] = nxt.get(flip, 0.0) + p * h
+            a = model.advance(j)
+            stay = (u, c, j)
+            nxt[stay] = nxt.get(stay, 0.0) + p * (1 - h) * (1 - a)
+            if a and j + 1 < nb:
+                on = (u, c, j + 1)
+                nxt[on] = nxt.get(on, 0.0) + p * (1 - h) * a
+        dist = nxt
+    return sum(p for (u, _, _), p in dist.items() if u)
 
 
 def _clip(h: float) -> float:

@@ -100,6 +100,13 @@ class Observation:
     :param spot_down_s: total time spot has been seen down since the job started.
     :param last_up_s: how long the last spot run seen whole (start and end) lasted.
     :param last_down_s: how long the last outage seen whole lasted.
+    :param spot_unseen_s: how long ago spot's state was last seen (0: seen now). While it
+        is unseen, ``spot_available`` is ``None`` and ``spot_age_s`` is the age its state had
+        when it was last seen.
+    :param spot_seen: spot's state when it was last seen (``None``: never seen).
+    :param spot_source: what showed it (:data:`airflow_spot.backends.signals.SOURCES`).
+    :param overlap: on-demand still trains while the spot attempt (``capacity``) launches: a
+        make-before-break return, under the cluster's observation model.
     """
 
     now: float
@@ -112,15 +119,27 @@ class Observation:
     spot_down_s: float = 0.0
     last_up_s: float | None = None
     last_down_s: float | None = None
+    spot_unseen_s: float = 0.0
+    spot_seen: bool | None = None
+    spot_source: str = ""
+    overlap: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The capacity to use from now until the next look, and why (built only when read)."""
+    """The capacity to use from now until the next look, and why (built only when read).
+
+    ``look``: keep a spot request or a probe waiting until the next look, so that spot's state
+    is seen then (it waits unbilled while spot is down; capacity it finds and the job does not
+    use is billed until it is given back). Ignored where every look sees spot (the oracle).
+    Spot asked while spot's state is unknown is a request: granted at once if capacity is
+    there, else it waits (and on-demand, if held, trains on until spot is ready).
+    """
 
     capacity: Capacity
     rule: str
     args: tuple = ()
+    look: bool = False
 
     @property
     def reason(self) -> str:
@@ -136,6 +155,7 @@ REASONS: dict[str, str] = {
     "behind": "progress {0:.2f} h is behind the uniform line {1:.2f} h: catch up on on-demand",
     "hysteresis": "on on-demand and not yet {0:.2f} h ahead of the line: stay",
     "budget_spent": "{0} preemptions spent the budget of {1}: on-demand for the rest",
+    "spot_ask": "spot unseen ({0}): ask for it (the request waits unbilled if spot is down)",
     "safety": "slack {0:.2f} h would not cover a changeover and the next look: on-demand to meet the deadline",
 }
 REASONS.update(
@@ -157,5 +177,11 @@ REASONS.update(
         "dp_od": "spot down {0:.2f} h, expected outage {1:.1f} h more, slack {2:.2f} h: on-demand is cheaper in expectation than waiting",
         "dp_floor": "spot down {0:.2f} h, slack {1:.2f} h at the floor {2:.2f} h: on-demand",
         "dp_wait": "spot down {0:.2f} h, expected outage {1:.1f} h more, slack {2:.2f} h above the floor {3:.2f} h: wait",
+        # spot unseen: the belief (unseen h, last state, run kind, age h, chance, what), slack
+        "unseen_ask": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: ask for spot (on-demand, if held, trains until it is ready)",
+        "unseen_keep_od": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: a run that young does not pay a return yet; stay on on-demand, no probe",
+        "unseen_wait": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: wait with a request",
+        "unseen_probe": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: stay on on-demand; probe",
+        "unseen_od": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: on-demand; probe",
     }
 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from airflow_spot.policy.base import Policy, register
+from airflow_spot.policy.base import Policy, ask_spot, register
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
 
 
@@ -66,6 +66,8 @@ class SlackReserve(Policy):
         d = job.changeover_s
         slack = job.deadline_s - obs.now - (job.work_s - obs.done_s)
         reserve = self.reserve(job, obs)
+        if obs.spot_available is None and obs.capacity is not Capacity.ON_DEMAND:
+            return ask_spot(obs)
         if obs.spot_available:
             back = reserve + p.return_margin * d
             near_end = job.work_s - obs.done_s < p.finish_changeovers * d
@@ -75,7 +77,9 @@ class SlackReserve(Policy):
                 return Decision(Capacity.ON_DEMAND, "da_keep_od", (slack / HOUR, reserve / HOUR))
             return Decision(Capacity.SPOT, "spot_up")
         if obs.capacity is Capacity.ON_DEMAND:
-            return Decision(Capacity.ON_DEMAND, "da_od_spot_down", (obs.spot_age_s / HOUR,))
+            return Decision(
+                Capacity.ON_DEMAND, "da_od_spot_down", (obs.spot_age_s / HOUR,), look=True
+            )
         if slack - d <= reserve:
             return Decision(
                 Capacity.ON_DEMAND,
@@ -83,5 +87,8 @@ class SlackReserve(Policy):
                 (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR),
             )
         return Decision(
-            Capacity.NONE, "da_wait", (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR)
+            Capacity.NONE,
+            "da_wait",
+            (obs.spot_age_s / HOUR, slack / HOUR, reserve / HOUR),
+            look=True,
         )

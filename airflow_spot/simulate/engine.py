@@ -12,6 +12,27 @@ At every tick boundary ``t`` (``now = t * gap``):
    delays progress and is billed at the new capacity's price.
 
 The policy called here is the same :class:`~airflow_spot.policy.Policy` the operator calls.
+
+Two observation models (``observe``):
+
+* ``oracle``: the paper's. Every look sees spot's true state, and a return to spot is
+  break-before-make (on-demand stops when the spot launch starts). The cross-check against
+  the paper's published results runs with it.
+* ``cluster`` (the default): what a cluster shows. The policy sees spot's state only while
+  the job holds spot, while its spot request waits (a pending spot pod), or through a probe it
+  asked for (:attr:`~airflow_spot.policy.Decision.look`); otherwise ``spot_available`` is
+  ``None`` and the observation says what was seen last and how long ago.
+
+  - A request or probe asked at ``t`` waits, unbilled, while spot is down and shows spot's
+    state at ``t + 1``; asking for spot when its state is unknown is a request that is
+    granted at ``t`` if spot is up then.
+  - Capacity found by a request or probe that the job does not use at that look is billed
+    ``probe_hold_s`` (default: one changeover) at the spot price: the node it brought up,
+    until it is given back (ledger phase ``probe``).
+  - A return from on-demand to spot is make-before-break: on-demand trains on while the spot
+    launch pays its changeover, both billed for that overlap (on-demand by the second, until
+    spot is ready), and no progress is lost. If spot is reclaimed before it is ready,
+    on-demand was never stopped.
 """
 
 from __future__ import annotations
@@ -26,22 +47,61 @@ from airflow_spot.simulate.traces import Trace
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
 
 
+OBSERVE = ("cluster", "oracle")
+
+
 class SpotRuns:
     """What a replay has seen of spot's runs: the current one's state and start, and the
-    length of the last spot run and outage seen whole (never the run the job starts in)."""
+    length of the last spot run and outage seen whole (never the run the job starts in).
 
-    __slots__ = ("up", "since", "last")
+    Seen through gaps (``observe="cluster"``), a run's start is when it was first seen and a
+    run's length what was seen of it: from its first sighting to its last."""
+
+    __slots__ = ("up", "since", "last", "seen_at", "source")
 
     def __init__(self) -> None:
         self.up: bool | None = None
         self.since = 0.0
         self.last: dict[bool, float | None] = {True: None, False: None}
+        self.seen_at = 0.0
+        self.source = ""
 
-    def see(self, now: float, up: bool) -> None:
+    def see(self, now: float, up: bool, watched: bool = True) -> None:
+        """Spot is ``up`` (or not) at ``now``; ``watched``: it was seen at the previous look
+        too (a change then happened since; else only the part seen counts)."""
         if up != self.up:
             if self.up is not None and self.since > 0:
-                self.last[self.up] = now - self.since
+                self.last[self.up] = (now if watched else self.seen_at) - self.since
             self.up, self.since = up, now
+        self.seen_at = now
+
+    def unseen(
+        self,
+        now: float,
+        done: float,
+        cur: Capacity,
+        rro: float,
+        preemptions: int,
+        down: float,
+        overlap: bool,
+    ) -> Observation:
+        """The observation while spot's state is not seen now."""
+        return Observation(
+            now,
+            done,
+            cur,
+            None,
+            rro,
+            preemptions,
+            self.seen_at - self.since,
+            down,
+            self.last[True],
+            self.last[False],
+            now - self.seen_at,
+            self.up,
+            self.source,
+            overlap,
+        )
 
     def observation(
         self,
@@ -52,7 +112,9 @@ class SpotRuns:
         rro: float,
         preemptions: int,
         down: float,
+        overlap: bool = False,
     ) -> Observation:
+        """The observation while spot's state is seen now (``up``)."""
         return Observation(
             now,
             done,
@@ -64,6 +126,10 @@ class SpotRuns:
             down,
             self.last[True],
             self.last[False],
+            0.0,
+            up,
+            self.source,
+            overlap,
         )
 
 
@@ -85,6 +151,10 @@ class RunResult:
     finished_h: float
     on_demand_cost: float
     ledger: Ledger | None = None
+    observe: str = "oracle"
+    probes: int = 0  # probes asked (spot requests are not counted)
+    probe_cost: float = 0.0  # capacity found by a request or probe and not used
+    overlap_hours: float = 0.0  # on-demand training on while a spot return launched
 
     @property
     def normalized_cost(self) -> float:
@@ -105,13 +175,31 @@ class RunResult:
             "on_demand_work_hours": round(self.on_demand_work_hours, 6),
             "preemptions": self.preemptions,
             "finished_h": round(self.finished_h, 6),
+            "observe": self.observe,
+            "probes": self.probes,
+            "probe_cost": round(self.probe_cost, 6),
+            "overlap_hours": round(self.overlap_hours, 6),
         }
 
 
 def replay(
-    policy: Policy, trace: Trace, job: JobSpec, *, use_trace_prices: bool = False
+    policy: Policy,
+    trace: Trace,
+    job: JobSpec,
+    *,
+    use_trace_prices: bool = False,
+    observe: str = "cluster",
+    probe_hold_s: float | None = None,
 ) -> RunResult:
-    """Replay ``policy`` on ``trace`` for ``job``; ticks are the trace's ``gap_s``."""
+    """Replay ``policy`` on ``trace`` for ``job``; ticks are the trace's ``gap_s``.
+
+    ``observe``: ``"cluster"`` (what a cluster shows) or ``"oracle"`` (the paper's model); see
+    the module's notes. ``probe_hold_s``: how long capacity a probe found and the job did not
+    use is billed (default: the job's changeover)."""
+    if observe not in OBSERVE:
+        raise ValueError(f"observe={observe!r}: choose one of {', '.join(OBSERVE)}")
+    if observe == "cluster":
+        return _replay_cluster(policy, trace, job, use_trace_prices, probe_hold_s)
     gap = trace.gap_s
     if abs(job.tick_s - gap) > 1e-9:
         raise ValueError(f"job.tick_s={job.tick_s} must equal the trace's tick {gap}")
@@ -124,6 +212,7 @@ def replay(
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     work_on = {SPOT: 0.0, OD: 0.0}
     runs, down = SpotRuns(), 0.0
+    runs.source = "market"
     t = 0
     met = False
     while True:
@@ -190,13 +279,157 @@ def replay(
     )
 
 
+def _replay_cluster(
+    policy: Policy,
+    trace: Trace,
+    job: JobSpec,
+    use_trace_prices: bool,
+    probe_hold_s: float | None,
+) -> RunResult:
+    """:func:`replay` under ``observe="cluster"`` (the rules are in the module's notes)."""
+    gap = trace.gap_s
+    if abs(job.tick_s - gap) > 1e-9:
+        raise ValueError(f"job.tick_s={job.tick_s} must equal the trace's tick {gap}")
+    avail = trace.available.tolist()
+    n = len(avail)
+    spot_prices = trace.prices.tolist() if (use_trace_prices and trace.prices is not None) else None
+    work, deadline, d = job.work_s, job.deadline_s, job.changeover_s
+    hold = d if probe_hold_s is None else probe_hold_s
+    od_price = job.on_demand_price
+    ledger = Ledger(work, deadline, od_price)
+    seg, ovl = _SegmentBuilder(ledger), _SegmentBuilder(ledger, overlap=True)
+    cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
+    overlap = False  # on-demand trains on while the spot launch (cur) pays its changeover
+    looking = ""  # what waits since the last look: "", "request" or "probe"
+    probes, overlap_s = 0, 0.0
+    work_on = {SPOT: 0.0, OD: 0.0}
+    runs, down = SpotRuns(), 0.0
+    watched = was_down = False
+    t = 0
+    met = False
+    while True:
+        now = t * gap
+        has = avail[t] if t < n else False
+        seen = cur is SPOT or bool(looking)
+        if seen:
+            runs.source = "attempt" if cur is SPOT else looking
+            runs.see(now, has, watched)
+        if was_down:
+            down += gap
+        last = cur
+        if last is not NONE:
+            w = gap - rro if gap > rro else 0.0
+            launching = gap - w
+            rro = rro - launching
+            if rro < EPS:
+                rro = 0.0
+            if overlap:  # on-demand trained while spot launched
+                wo = launching if launching < work - done else work - done
+                ovl.tick(OD, now - gap, 0.0, launching, done, done + wo, od_price)
+                done += wo
+                work_on[OD] += wo
+                overlap_s += launching
+                if rro == 0.0:
+                    overlap = False
+                    ovl.close("handover")
+            if w > work - done:
+                w = work - done
+            done += w
+            work_on[last] += w
+            price = (
+                od_price if last is OD else (spot_prices[t - 1] if spot_prices else job.spot_price)
+            )
+            seg.tick(last, now - gap, launching, gap, done - w, done, price)
+            if last is SPOT and not has:
+                preemptions += 1
+                seg.close("preempted")
+                cur = NONE
+                if overlap:  # reclaimed before it was ready: on-demand was never stopped
+                    overlap, cur, rro = False, OD, 0.0
+                    ovl.close("spot_lost")
+        elif t > 0:
+            seg.tick(NONE, now - gap, 0.0, gap, done, done, 0.0)
+        if work - done <= EPS:
+            met = True
+            seg.close("completed")
+            ovl.close("completed")
+            break
+        if now >= deadline:
+            seg.close("deadline")
+            ovl.close("deadline")
+            break
+        if seen:
+            obs = runs.observation(now, done, cur, has, rro, preemptions, down, overlap)
+        else:
+            obs = runs.unseen(now, done, cur, rro, preemptions, down, overlap)
+        decision = policy.decide(job, obs)
+        req = decision.capacity
+        found = bool(looking) and has
+        looked, looking = looking, ""
+        if req is SPOT and cur is not SPOT:
+            if has:  # granted now (a found request or probe becomes the launch)
+                if cur is OD and d > 0:
+                    overlap = True
+                seg.close("handover" if cur is OD else "switched")
+                cur, rro = SPOT, d
+            else:  # waits for capacity: on-demand, if held, trains on
+                looking = "request"
+        elif req is not SPOT:
+            if found:
+                price = spot_prices[min(t, n - 1)] if spot_prices else job.spot_price
+                ledger.add(Segment(SPOT, Phase.PROBE, now, now + hold, done, done, price))
+            if req is not cur:
+                if overlap and req is OD:  # the return is called off; on-demand goes on
+                    seg.close("cancelled")
+                    ovl.close("cancelled")
+                    overlap, cur, rro = False, OD, 0.0
+                else:
+                    if overlap:
+                        ovl.close("cancelled")
+                        overlap = False
+                    if req is not NONE:
+                        rro = d
+                    if cur is not NONE:
+                        seg.close("switched")
+                    cur = req
+            if decision.look:
+                looking = "probe" if cur is OD else "request"
+                if looking == "probe" and (looked != "probe" or found):
+                    probes += 1
+        watched, was_down = seen, seen and not has
+        t += 1
+    ledger.finished_s = t * gap if met else None
+    ledger.probes = probes
+    return RunResult(
+        trace=trace.name,
+        policy=policy.name,
+        deadline_h=deadline / 3600.0,
+        changeover_h=d / 3600.0,
+        cost=ledger.cost,
+        met=met,
+        spot_hours=ledger.hours(SPOT) - ledger.hours(SPOT, Phase.PROBE),
+        on_demand_hours=ledger.hours(OD),
+        spot_work_hours=work_on[SPOT] / 3600.0,
+        on_demand_work_hours=work_on[OD] / 3600.0,
+        preemptions=preemptions,
+        finished_h=t * gap / 3600.0,
+        on_demand_cost=ledger.on_demand_cost,
+        ledger=ledger,
+        observe="cluster",
+        probes=probes,
+        probe_cost=ledger.probe_cost,
+        overlap_hours=overlap_s / 3600.0,
+    )
+
+
 class _SegmentBuilder:
     """Merges consecutive ticks of the same capacity, phase and price into segments."""
 
-    __slots__ = ("ledger", "key", "start", "end", "p0", "p1")
+    __slots__ = ("ledger", "key", "start", "end", "p0", "p1", "overlap")
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, overlap: bool = False) -> None:
         self.ledger = ledger
+        self.overlap = overlap
         self.key: tuple | None = None
         self.start = self.end = self.p0 = self.p1 = 0.0
 
@@ -227,6 +460,16 @@ class _SegmentBuilder:
             return
         cap, phase, price = self.key
         self.ledger.add(
-            Segment(cap, phase, self.start, self.end, self.p0, self.p1, price, ended_by=ended_by)
+            Segment(
+                cap,
+                phase,
+                self.start,
+                self.end,
+                self.p0,
+                self.p1,
+                price,
+                ended_by=ended_by,
+                overlap=self.overlap,
+            )
         )
         self.key = None

@@ -17,7 +17,7 @@ import numpy as np
 
 from airflow_spot.exceptions import UnknownPolicy
 from airflow_spot.policy import HOUR, JobSpec, get_policy
-from airflow_spot.simulate.engine import replay
+from airflow_spot.simulate.engine import OBSERVE, replay
 from airflow_spot.simulate.omniscient import omniscient_costs
 from airflow_spot.simulate.traces import Trace
 
@@ -55,17 +55,22 @@ def random_windows(trace: Trace, count: int, length: int, seed: int = 0) -> list
 
 
 def _run_online(args: tuple) -> list[dict]:
-    policy_name, traces, setting, use_prices = args
+    policy_name, traces, setting, use_prices, observe, hold = args
     policy = get_policy(policy_name)
     job = setting.job(traces[0].gap_s)
-    rows = [replay(policy, tr, job, use_trace_prices=use_prices).row() for tr in traces]
+    rows = [
+        replay(
+            policy, tr, job, use_trace_prices=use_prices, observe=observe, probe_hold_s=hold
+        ).row()
+        for tr in traces
+    ]
     for r in rows:
         r["policy"] = policy_name  # "deadline_aware@aws-p3" stays apart from "deadline_aware"
     return rows
 
 
 def _run_omniscient(args: tuple) -> list[dict]:
-    _, traces, setting, use_prices = args
+    _, traces, setting, use_prices, _observe, _hold = args
     job = setting.job(traces[0].gap_s)
     length = max(len(t) for t in traces)
     avail = np.zeros((len(traces), length), dtype=bool)
@@ -98,11 +103,19 @@ def sweep(
     settings: Iterable[Setting],
     *,
     use_trace_prices: bool = False,
+    observe: str | Sequence[str] = "cluster",
+    probe_hold_s: float | None = None,
     workers: int | None = None,
     chunk: int = 150,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
-    """One row per trace, policy and setting (see :meth:`RunResult.row`)."""
+    """One row per trace, policy, setting and observation model (see :meth:`RunResult.row`;
+    ``observe``: one model or several, each online policy replayed under each; the omniscient
+    optimum sees everything and is solved once)."""
+    models = [observe] if isinstance(observe, str) else list(observe)
+    for m in models:
+        if m not in OBSERVE:
+            raise ValueError(f"observe={m!r}: choose one of {', '.join(OBSERVE)}")
     if not traces:
         raise ValueError("no traces to sweep")
     gaps = {t.gap_s for t in traces}
@@ -123,12 +136,16 @@ def sweep(
         for name in policies:
             if name == OMNISCIENT:
                 tasks += [
-                    (_run_omniscient, (name, traces[i : i + 300], s, use_trace_prices))
+                    (_run_omniscient, (name, traces[i : i + 300], s, use_trace_prices, None, None))
                     for i in range(0, len(traces), 300)
                 ]
             else:
                 tasks += [
-                    (_run_online, (name, traces[i : i + chunk], s, use_trace_prices))
+                    (
+                        _run_online,
+                        (name, traces[i : i + chunk], s, use_trace_prices, m, probe_hold_s),
+                    )
+                    for m in models
                     for i in range(0, len(traces), chunk)
                 ]
     workers = workers or min(os.cpu_count() or 1, 4)
@@ -152,18 +169,19 @@ def sweep(
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per policy, deadline and changeover: mean normalised cost, savings, gap, misses."""
+    """Per policy, observation model, deadline and changeover: mean normalised cost, savings,
+    gap, misses, probes and probe cost."""
     by_key: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        by_key[(r["policy"], r["deadline_h"], r["changeover_h"])].append(r)
+        by_key[(r["policy"], r["deadline_h"], r["changeover_h"], r.get("observe"))].append(r)
     omni = {
         (r["trace"], r["deadline_h"], r["changeover_h"]): r["cost"]
         for r in rows
         if r["policy"] == OMNISCIENT
     }
     out = []
-    for (policy, dl, co), rs in sorted(
-        by_key.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])
+    for (policy, dl, co, observe), rs in sorted(
+        by_key.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0], kv[0][3] or "")
     ):
         norm = float(np.mean([r["normalized_cost"] for r in rs]))
         paired = [(r["cost"], omni[k]) for r in rs if (k := (r["trace"], dl, co)) in omni]
@@ -183,6 +201,9 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "savings": 1 - norm,
                 "gap_to_omniscient": gap,  # mean cost / mean omniscient cost - 1
                 "misses": sum(1 for r in rs if not r["met"]),
+                "observe": observe,
+                "probes": float(np.mean([r.get("probes") or 0 for r in rs])),
+                "probe_cost": float(np.mean([r.get("probe_cost") or 0.0 for r in rs])),
             }
         )
     return out

@@ -131,8 +131,8 @@ def test_context_plan_beats_the_plain_plan_on_a_flickering_market() -> None:
     traces = [Trace("m", 600.0, np.array(generate(FLICKER, 200, rng))) for _ in range(200)]
     plain = HazardModel(FLICKER.up, FLICKER.down, source="plain")
     fitted_plain = fit([generate(FLICKER, 20_000, rng) for _ in range(2)], context=False)
-    with_ctx = [replay(PlanOnly(FLICKER), t, job) for t in traces]
-    without = [replay(PlanOnly(fitted_plain), t, job) for t in traces]
+    with_ctx = [replay(PlanOnly(FLICKER), t, job, observe="oracle") for t in traces]
+    without = [replay(PlanOnly(fitted_plain), t, job, observe="oracle") for t in traces]
     assert plain.contexts == 1 and all(r.met for r in with_ctx + without)
     assert np.mean([r.cost for r in with_ctx]) < 0.97 * np.mean([r.cost for r in without])
 
@@ -169,7 +169,12 @@ def test_plan_expected_cost_matches_simulation() -> None:
     rng = random.Random(11)
     policy = PlanOnly(MODEL)
     costs = [
-        replay(policy, Trace("m", 600.0, np.array(generate(MODEL, ticks + 2, rng))), job).cost
+        replay(
+            policy,
+            Trace("m", 600.0, np.array(generate(MODEL, ticks + 2, rng))),
+            job,
+            observe="oracle",
+        ).cost
         for _ in range(1500)
     ]
     sem = np.std(costs) / np.sqrt(len(costs))
@@ -181,8 +186,8 @@ def test_plan_beats_uniform_progress_on_its_own_model() -> None:
     job = JobSpec(work_s=24 * HOUR, deadline_s=32 * HOUR, changeover_s=0.2 * HOUR)
     rng = random.Random(5)
     traces = [Trace("m", 600.0, np.array(generate(MODEL, 200, rng))) for _ in range(150)]
-    plan = [replay(PlanOnly(MODEL), t, job) for t in traces]
-    up = [replay(get_policy("uniform_progress"), t, job) for t in traces]
+    plan = [replay(PlanOnly(MODEL), t, job, observe="oracle") for t in traces]
+    up = [replay(get_policy("uniform_progress"), t, job, observe="oracle") for t in traces]
     assert all(r.met for r in plan)
     assert np.mean([r.cost for r in plan]) < 0.97 * np.mean([r.cost for r in up])
 

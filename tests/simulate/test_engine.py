@@ -44,7 +44,7 @@ def test_replay_matches_reference(windows, reference, policy, column, deadline, 
     for t in windows:
         env, idx = t.name.split("/")
         ref = reference[(env, idx, float(deadline), changeover)]
-        r = replay(get_policy(policy), t, _job(deadline, changeover))
+        r = replay(get_policy(policy), t, _job(deadline, changeover), observe="oracle")
         assert r.cost == pytest.approx(float(ref[f"{column}_cost"]), rel=1e-3), t.name
         assert r.spot_work_hours == pytest.approx(float(ref[f"{column}_spot_h"]), abs=1e-3)
         assert r.on_demand_work_hours == pytest.approx(float(ref[f"{column}_od_h"]), abs=1e-3)
@@ -122,7 +122,7 @@ def test_replay_reports_the_last_runs_seen_whole() -> None:
             return Decision(Capacity.NONE, "wait")
 
     avail = np.array([1, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1] + [1] * 10, dtype=bool)
-    replay(Record(), Trace("t", 600.0, avail), JobSpec(1 * HOUR, 3.5 * HOUR, 0.0))
+    replay(Record(), Trace("t", 600.0, avail), JobSpec(1 * HOUR, 3.5 * HOUR, 0.0), observe="oracle")
     assert seen[2] == (1200.0, None, None)
     assert seen[4] == (600.0, None, None)  # the first run (3 looks) was not seen from its start
     assert seen[5] == (0.0, None, 1200.0)  # the outage of 2 looks was

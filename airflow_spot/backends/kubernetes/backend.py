@@ -12,6 +12,7 @@ any leftover pod of the task that is not the live attempt.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -37,12 +38,15 @@ from airflow_spot.backends.kubernetes.classify import (
     interruption_notice,
     node_is_spot,
 )
+from airflow_spot.backends.kubernetes.cluster import ClusterView
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
+from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE
 from airflow_spot.backends.kubernetes.template import (
     check_pod_template,
     check_resources,
     load_pod_template,
 )
+from airflow_spot.backends.signals import SpotSignal
 from airflow_spot.checkpoint.training import NOTICE_ANNOTATION
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 from airflow_spot.jobstate import AttemptHandle
@@ -152,6 +156,8 @@ class KubernetesBackend:
     time_scale = 1.0
     # a pod's grace is its node's, and pods report no save times
     notice_to_kill_s: ClassVar[float | None] = None
+    # the probe's container (a pause image; set it on a subclass to use a mirror)
+    probe_image: ClassVar[str] = PROBE_IMAGE
 
     @property
     def node_pools(self) -> tuple[KubePool, ...]:
@@ -310,8 +316,9 @@ class KubernetesBackend:
         env: dict[str, str] | None = None,
         pool: str = "",  # noqa: ARG002
     ) -> AttemptHandle:
-        """Create the attempt's pod (after removing any leftover pod of this task)."""
-        from airflow_spot.backends.kubernetes.pods import build_pod, pod_name, task_labels
+        """Create the attempt's pod (after removing any leftover pod of this task, a probe's
+        included)."""
+        from airflow_spot.backends.kubernetes.pods import pod_name, task_labels
 
         labels = task_labels(
             ident["dag_id"], ident["task_id"], ident["run_id"], int(ident.get("map_index", -1))
@@ -336,34 +343,17 @@ class KubernetesBackend:
             self._delete(old.metadata.name, grace=0)
             if old.metadata.name == name:  # its name is the new pod's: wait until it is gone
                 self._wait_gone(name, 30.0)
-        template = load_pod_template(self.pod_template)
-        try:
-            pod = build_pod(
-                name=name,
-                namespace=self.namespace,
-                image=self.image,
-                command=command,
-                capacity=capacity,
-                attempt=attempt,
-                try_number=int(ident.get("try_number", 1)),
-                labels=labels,
-                placement=self._placement(capacity, pool),
-                checkpoint_uri=checkpoint_uri,
-                env={**self.env, **(env or {})},
-                resources=self.resources,
-                gpus=self.gpus,
-                service_account=self.service_account,
-                mount_token=self.mount_service_account_token,
-                env_from_secrets=list(self.env_from_secrets),
-                pod_template=template,
-            )
-        except (ValueError, TypeError) as e:
-            if template is None:
-                raise
-            # the provider's reconcile on a template the parse-time check let through
-            raise ConfigError(
-                "backend.pod_template", f"cannot build the attempt pod on it: {e}"
-            ) from e
+        pod = self._build_pod(
+            name=name,
+            labels=labels,
+            ident=ident,
+            attempt=attempt,
+            capacity=capacity,
+            command=command,
+            checkpoint_uri=checkpoint_uri,
+            env=env,
+            pool=pool,
+        )
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -557,6 +547,153 @@ class KubernetesBackend:
             self.delete_pods == "on_success" and outcome == Outcome.SUCCEEDED.value
         ):
             self._delete(_pod(handle), grace=0)
+
+    def _build_pod(
+        self,
+        *,
+        name: str,
+        labels: dict[str, str],
+        ident: dict[str, Any],
+        attempt: int,
+        capacity: str,
+        command: list[str],
+        checkpoint_uri: str,
+        env: dict[str, str] | None = None,
+        pool: str = "",
+    ) -> Any:
+        """The attempt pod (a ``V1Pod``) as :meth:`launch` creates it, on the pod template."""
+        from airflow_spot.backends.kubernetes.pods import build_pod
+
+        template = load_pod_template(self.pod_template)
+        try:
+            return build_pod(
+                name=name,
+                namespace=self.namespace,
+                image=self.image,
+                command=command,
+                capacity=capacity,
+                attempt=attempt,
+                try_number=int(ident.get("try_number", 1)),
+                labels=labels,
+                placement=self._placement(capacity, pool),
+                checkpoint_uri=checkpoint_uri,
+                env={**self.env, **(env or {})},
+                resources=self.resources,
+                gpus=self.gpus,
+                service_account=self.service_account,
+                mount_token=self.mount_service_account_token,
+                env_from_secrets=list(self.env_from_secrets),
+                pod_template=template,
+            )
+        except (ValueError, TypeError) as e:
+            if template is None:
+                raise
+            # the provider's reconcile on a template the parse-time check let through
+            raise ConfigError(
+                "backend.pod_template", f"cannot build the attempt pod on it: {e}"
+            ) from e
+
+    # -- seeing spot the way the cluster shows it ------------------------------------------
+    @cached_property
+    def _cluster(self) -> ClusterView:
+        """One per backend object: it remembers the sources a 403 closed."""
+        return ClusterView(self.api, self.namespace)
+
+    def _spot_placements(self, pool: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """(pool, the spot pod a launch would create there, as API JSON) for each spot pool
+        (``""``: the preset's spot placement when there are no pools)."""
+        names = [p.name for p in self.pools] or [""]
+        out = []
+        for name in names if pool is None else [pool]:
+            pod = self._build_pod(
+                name="spot-placement",
+                labels={},
+                ident={},
+                attempt=0,
+                capacity="spot",
+                command=["/pause"],
+                checkpoint_uri="",
+                pool=name,
+            )
+            out.append((name, self.api.api_client.sanitize_for_serialization(pod)))
+        return out
+
+    def spot_signals(self, now: float) -> list[SpotSignal]:
+        """What the cluster shows about spot now, launching nothing: Karpenter ICE events of
+        the last 3 min and autoscaler backoffs (down), Ready spot nodes of a pool with the
+        job's GPUs free (up). A quiet cluster shows nothing (unknown, not up). A source the
+        worker may not read (403) is warned about once and left out from then on."""
+        return self._cluster.signals(self._spot_placements(), now)
+
+    def probe(self, ident: dict[str, Any], pool: str = "") -> dict[str, Any]:
+        """Start a probe pod for spot in ``pool`` (after deleting this task's leftover probe of
+        that pool); returns its handle ``{namespace, name, pool, created_at}`` (JSON-able)."""
+        from kubernetes.client.exceptions import ApiException
+
+        from airflow_spot.backends.kubernetes.pods import pod_name, task_labels
+        from airflow_spot.backends.kubernetes.probe import POOL_LABEL, build_probe
+
+        self._placement("spot", pool)  # an unknown pool is a ConfigError now
+        mi = int(ident.get("map_index", -1))
+        labels = task_labels(ident["dag_id"], ident["task_id"], ident["run_id"], mi)
+        view = self._cluster
+        view.ensure_priority_class()
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        view.drop_probes(f"{selector},{POOL_LABEL}={pool}")
+        created = time.time()
+        stem = pod_name(ident["dag_id"], ident["task_id"], 0, ident["run_id"], mi)[: -len("-a0")]
+        suffix = hashlib.sha1(f"{pool}/{created}".encode()).hexdigest()[:6]
+        name = f"{stem}-probe-{suffix}"
+        training = self._build_pod(
+            name=name,
+            labels=labels,
+            ident=ident,
+            attempt=0,
+            capacity="spot",
+            command=["/pause"],
+            checkpoint_uri="",
+            pool=pool,
+        )
+        body = build_probe(
+            self.api.api_client.sanitize_for_serialization(training),
+            name=name,
+            labels=labels,
+            pool=pool,
+            image=self.probe_image,
+        )
+        try:
+            self.api.create_namespaced_pod(self.namespace, body)
+        except ApiException as e:
+            raise BackendError(
+                f"could not create probe pod {name}: {e.status} {e.reason} (a probe needs the "
+                f"PriorityClass {body['spec']['priorityClassName']!r}: let the worker create "
+                "priorityclasses, or create it once from probe.build_priority_class())"
+            ) from e
+        return {"namespace": self.namespace, "name": name, "pool": pool, "created_at": created}
+
+    def probe_signal(self, probe: dict[str, Any], now: float) -> SpotSignal | None:
+        """What the probe shows now: bound, up; refused (backoff, an ICE for its pool, or
+        unschedulable with no scale-up asked for), down; else None (nothing known yet)."""
+        from airflow_spot.backends.kubernetes.probe import read_probe
+
+        pod, events = self._cluster.pod_and_events(probe["namespace"], probe["name"])
+        if pod is None:
+            return None
+        pool = str(probe.get("pool") or "")
+        bound = pod.spec is not None and pod.spec.node_name
+        refusals = [] if bound else self._cluster.karpenter(self._spot_placements(pool), now)
+        return read_probe(
+            pod,
+            events,
+            pool=pool,
+            created_at=float(probe["created_at"]),
+            now=now,
+            refusals=refusals,
+        )
+
+    def drop_probe(self, probe: dict[str, Any]) -> None:
+        """Delete the probe at once (grace 0), so a node made for it goes back; gone is fine."""
+        self._cluster.delete_pod(probe["namespace"], probe["name"])
 
     # -- API helpers ------------------------------------------------------------------------
     def _read_pod(self, name: str):
