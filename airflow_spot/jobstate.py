@@ -92,6 +92,8 @@ class AttemptRecord:
     first_step: int | None = None  # first progress report seen (steady-state throughput)
     first_step_at: float | None = None
     last_step_at: float | None = None
+    ready_at: float | None = None  # a make-before-break spot attempt was ready to take over
+    handed_to: int | None = None  # this on-demand attempt trained on until attempt N took over
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttemptRecord:
@@ -125,7 +127,18 @@ class JobState:
     spot_run_seen_start: bool = False  # the current run began after the job's first look
     spot_last_up_s: float | None = None  # market seconds of the last spot run seen whole
     spot_last_down_s: float | None = None  # market seconds of the last outage seen whole
-    last_seen: float | None = None
+    last_seen: float | None = None  # wall time of the last look
+    # what was seen of spot (observe="cluster": spot is seen only through the job's own spot
+    # attempt, its request, its probes and what the cluster shows; older states: "oracle")
+    observe: str = "oracle"
+    spot_seen_at: float | None = None  # wall time spot's state was last seen
+    spot_source: str = ""  # what showed it (backends.signals.SOURCES)
+    probe: dict[str, Any] | None = None  # the probe asking for spot now (started_at, pool, handle)
+    probes: int = 0  # probes asked
+    probe_found: list[list[float]] = field(default_factory=list)
+    # [wall found, market seconds billed, price per hour]: capacity probes found, not used
+    incoming: int | None = None  # index into attempts of a spot attempt launching while
+    # on-demand trains (a make-before-break return)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_dropped: int = 0  # older decisions not kept (the log keeps the last MAX_DECISIONS)
     finished: dict[str, Any] | None = None
@@ -161,24 +174,40 @@ class JobState:
     def live(self) -> AttemptRecord | None:
         return None if self.current is None else self.attempts[self.current]
 
+    @property
+    def coming(self) -> AttemptRecord | None:
+        """The spot attempt launching while the live on-demand one trains on (None: none)."""
+        return None if self.incoming is None else self.attempts[self.incoming]
+
     # -- what was seen ----------------------------------------------------------------------
-    def see_spot(self, available: bool | None, wall: float) -> None:
-        """Account for spot's state between the previous look and ``wall``."""
+    def see_spot(
+        self, available: bool | None, wall: float, source: str = "", at: float | None = None
+    ) -> None:
+        """A look at ``wall``: account for spot's state since the previous look, and take in
+        what ``source`` showed of it at ``at`` (default ``wall``; ``None``: nothing). A fact
+        older than the last one seen is ignored; a preemption's ``ended_at`` is a fact of its
+        own time, so an outage between two looks resets the run seen."""
         if self.last_seen is not None and self.spot_last is False:
-            self.spot_down_s += (wall - self.last_seen) * self.time_scale
-        if available is not None and available != self.spot_last:
+            self.spot_down_s += max(0.0, wall - self.last_seen) * self.time_scale
+        self.last_seen = wall
+        if available is None:
+            return
+        at = wall if at is None else at
+        if self.spot_seen_at is not None and at < self.spot_seen_at:
+            return
+        if available != self.spot_last:
             if self.spot_last is not None and self.spot_last_change is not None:
                 if self.spot_run_seen_start:
-                    length = (wall - self.spot_last_change) * self.time_scale
+                    length = (at - self.spot_last_change) * self.time_scale
                     if self.spot_last:
                         self.spot_last_up_s = length
                     else:
                         self.spot_last_down_s = length
                 self.spot_run_seen_start = True
-            self.spot_last_change = wall
-        if available is not None:
-            self.spot_last = available
-        self.last_seen = wall
+            self.spot_last_change = at
+        self.spot_last = available
+        self.spot_seen_at = at
+        self.spot_source = source
 
     def spot_age_s(self, wall: float) -> float:
         return (
@@ -187,18 +216,48 @@ class JobState:
             else (wall - self.spot_last_change) * self.time_scale
         )
 
-    def record_decision(
-        self, wall: float, capacity: str, reason: str, done_steps: int | None
-    ) -> None:
-        self.decisions.append(
-            {
-                "at": wall,
-                "market_h": round(self.market_s(wall) / 3600, 4),
-                "capacity": capacity,
-                "reason": reason,
-                "step": done_steps,
+    def spot_view(self, wall: float, fresh_s: float) -> dict[str, Any]:
+        """What the policy may take as known of spot at ``wall``: its state if seen within
+        ``fresh_s`` wall seconds, else ``None`` with the state last seen, its age then and how
+        long ago (market seconds). Under the oracle every look sees spot."""
+        seen_at = self.spot_seen_at if self.spot_seen_at is not None else self.last_seen
+        if self.spot_last is None or seen_at is None:
+            return {"available": None, "age_s": 0.0, "unseen_s": 0.0, "seen": None, "source": ""}
+        unseen = max(0.0, wall - seen_at)
+        if unseen <= fresh_s:
+            return {
+                "available": self.spot_last,
+                "age_s": self.spot_age_s(wall),
+                "unseen_s": 0.0,
+                "seen": self.spot_last,
+                "source": self.spot_source,
             }
-        )
+        return {
+            "available": None,
+            "age_s": self.spot_age_s(seen_at),
+            "unseen_s": unseen * self.time_scale,
+            "seen": self.spot_last,
+            "source": self.spot_source,
+        }
+
+    def record_decision(
+        self,
+        wall: float,
+        capacity: str,
+        reason: str,
+        done_steps: int | None,
+        spot: str | None = None,
+    ) -> None:
+        entry = {
+            "at": wall,
+            "market_h": round(self.market_s(wall) / 3600, 4),
+            "capacity": capacity,
+            "reason": reason,
+            "step": done_steps,
+        }
+        if spot is not None:  # spot's signal: up, down (and its source) or unknown since when
+            entry["spot"] = spot
+        self.decisions.append(entry)
         if len(self.decisions) > MAX_DECISIONS:
             self.decisions_dropped += len(self.decisions) - MAX_DECISIONS
             del self.decisions[:-MAX_DECISIONS]
@@ -271,7 +330,8 @@ class JobState:
             schedule = [(self.market_s(w), p) for w, p in a.prices] or [(t_launch, a.price)]
             if t_launch > cursor:
                 led.add(Segment(Capacity.NONE, Phase.IDLE, cursor, t_launch, p0, p0))
-            if t_grant > t_launch:
+            overlaps = t_launch < cursor - 1e-9  # launched while another attempt trained on
+            if t_grant > t_launch and not overlaps:
                 led.add(
                     Segment(
                         Capacity.NONE,
@@ -319,6 +379,16 @@ class JobState:
                 lost = max(0, step_end - kept) * seconds_per_step if failed else 0.0
                 p1 = step_end * seconds_per_step
                 span = max(t_end - t_start, 1e-9)
+                if a.handed_to is not None:  # trained on while the spot return launched
+                    nxt = next((b for b in self.attempts if b.attempt == a.handed_to), None)
+                    took = nxt.granted_at if nxt is not None else None
+                    if took:
+                        schedule = sorted({*schedule, (self.market_s(took), schedule[-1][1])})
+                        overlap_from = self.market_s(took)
+                    else:
+                        overlap_from = t_end
+                else:
+                    overlap_from = t_end
                 for lo, hi, price in _pieces(t_start, t_end, schedule):
                     last = hi >= t_end
                     led.add(
@@ -334,9 +404,14 @@ class JobState:
                             a.attempt,
                             ended_by=ended if last else "",
                             lost_s=lost if last else 0.0,
+                            overlap=lo >= overlap_from - 1e-9,
                         )
                     )
             cursor = max(cursor, t_end)
+        led.probes = self.probes
+        for found, hold_s, price in self.probe_found:
+            t0 = self.market_s(found)
+            led.add(Segment(Capacity.SPOT, Phase.PROBE, t0, t0 + hold_s, 0.0, 0.0, price))
         return led
 
 

@@ -46,6 +46,7 @@ class AttemptStatus:
     launched_at: float
     granted_at: float | None = None  # when capacity was granted (spot may wait before)
     started_at: float | None = None  # when the training process started (changeover over)
+    ready_at: float | None = None  # a held attempt (make-before-break) is ready to take over
     ended_at: float | None = None
     outcome: Outcome | None = None
     reason: str = ""
@@ -202,6 +203,35 @@ class Backend(Protocol):
 
     def release(self, handle: AttemptHandle, outcome: str) -> None:
         """Free what an ended attempt still holds (its pod, per the backend's policy)."""
+
+
+@runtime_checkable
+class HandsOver(Protocol):
+    """A backend that can return to spot make-before-break (optional): ``launch(...,
+    hold=True)`` starts an attempt that, once granted and past its changeover, reports
+    ``ready_at`` and waits; :meth:`release_hold` lets it train, after the attempt it replaces
+    checkpointed and stopped. Without it a return to spot is break-before-make."""
+
+    def release_hold(self, handle: AttemptHandle) -> None:
+        """Let the held attempt start training."""
+
+
+@runtime_checkable
+class SeesSpot(Protocol):
+    """A backend that shows spot capacity beyond the job's own attempts (optional): what the
+    cluster says (:meth:`spot_signals`) and probes that ask it (Kubernetes)."""
+
+    def spot_signals(self, now: float) -> list[Any]:
+        """:class:`~airflow_spot.backends.signals.SpotSignal` facts the cluster shows now."""
+
+    def probe(self, ident: dict[str, Any], pool: str = "") -> dict[str, Any]:
+        """Start a probe for spot capacity; returns its JSON handle."""
+
+    def probe_signal(self, probe: dict[str, Any], now: float) -> Any:
+        """What the probe shows now (a SpotSignal), or None while it cannot tell yet."""
+
+    def drop_probe(self, probe: dict[str, Any]) -> None:
+        """Delete the probe at once (its node goes back)."""
 
 
 #: what a backend must offer, by kind: methods are called, attributes read

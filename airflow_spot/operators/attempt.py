@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Backend, Outcome, look
+from airflow_spot.backends.base import AttemptStatus, Backend, HandsOver, Outcome, look
 from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import ConfigError
@@ -49,6 +50,59 @@ class LiveAttempt:
             return None
         self.close(live, status, now)
         return live
+
+    def refresh_coming(self, now: float) -> None:
+        """Read the spot attempt launching while on-demand trains (a make-before-break
+        return): ended (reclaimed before it was ready, say): closed, and on-demand goes on;
+        ready to take over: the on-demand attempt checkpoints and stops, and the spot attempt
+        trains from that checkpoint."""
+        coming = self.state.coming
+        if coming is None:
+            return
+        status = look(self.backend, coming.handle)
+        self.sync(coming, status)
+        if status.terminal:
+            self.close(coming, status, now)
+            log.info(
+                "The return to spot ended before it was ready (%s): on-demand trains on.",
+                coming.reason,
+            )
+            return
+        if status.ready_at is None:
+            return
+        coming.ready_at = status.ready_at
+        live = self.state.live
+        if live is not None:
+            log.info(
+                "Spot attempt %d is ready: attempt %d on %s checkpoints and stops.",
+                coming.attempt,
+                live.attempt,
+                live.capacity,
+            )
+            self.stop()
+            live.handed_to = coming.attempt
+            live.reason = f"handed over to spot attempt {coming.attempt} (make-before-break)"
+        latest = self.checkpoints.latest_manifest()
+        coming.step_start = latest.step if latest else 0
+        st = self.state
+        st.current, st.incoming = st.incoming, None
+        assert isinstance(self.backend, HandsOver)
+        self.backend.release_hold(coming.handle)
+
+    def can_hand_over(self) -> bool:
+        """Returns to spot may be make-before-break: a cluster's view (not the paper's
+        replay) on a backend that can hold a launch (:class:`HandsOver`)."""
+        return self.state.observe != "oracle" and isinstance(self.backend, HandsOver)
+
+    def stop_coming(self, reason: str) -> None:
+        """Cancel the spot attempt that was to take over; on-demand goes on."""
+        coming = self.state.coming
+        if coming is None:
+            return
+        status = self.backend.cancel(coming.handle)
+        self.sync(coming, status)
+        self.close(coming, status, time.time())
+        coming.reason = reason
 
     def sync(self, rec: AttemptRecord, status: AttemptStatus) -> None:
         """Copy what ``status`` and the progress reports say into the record."""
@@ -104,7 +158,10 @@ class LiveAttempt:
         ):  # saved and exited cleanly on the notice, as a good training script may: reclaimed
             rec.outcome = Outcome.PREEMPTED.value
             rec.reason = "exited 0 after the reclaim notice with work left: spot capacity reclaimed"
-        st.current = None
+        if st.coming is rec:
+            st.incoming = None
+        else:
+            st.current = None
         failed = rec.outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value)
         # the log goes with the pod: read it before the release deletes it
         tail = self.backend.log_tail(rec.handle) if failed else ""
@@ -163,8 +220,10 @@ class LiveAttempt:
         return live
 
     # -- starting ---------------------------------------------------------------------------
-    def launch(self, capacity: Capacity, job: JobSpec) -> AttemptRecord:
-        """Start the next attempt on ``capacity`` from the newest checkpoint."""
+    def launch(self, capacity: Capacity, job: JobSpec, hold: bool = False) -> AttemptRecord:
+        """Start the next attempt on ``capacity`` from the newest checkpoint; ``hold``: a
+        make-before-break return, launched while the live attempt trains on (it waits, ready,
+        until :meth:`refresh_coming` hands over)."""
         st = self.state
         n = len(st.attempts) + 1
         latest = self.checkpoints.latest_manifest()
@@ -175,7 +234,8 @@ class LiveAttempt:
             if self.capacity.priced():
                 pool = self.capacity.choose_pool(now, job.spot_price)
                 price = self.capacity.pool_price(pool, now, job.spot_price)
-        handle = self.backend.launch(
+        launch: Any = self.backend.launch  # ``hold`` only where the backend HandsOver
+        handle = launch(
             self.ident.to_dict(),
             n,
             capacity.value,
@@ -184,6 +244,7 @@ class LiveAttempt:
             changeover_wall_s=self.args.changeover.total_seconds(),
             market=self.capacity.market_of(pool),
             pool=pool,
+            **({"hold": True} if hold else {}),
         )
         rec = AttemptRecord(
             n,
@@ -197,7 +258,10 @@ class LiveAttempt:
         if capacity is Capacity.SPOT:
             rec.prices.append([now, price])
         st.attempts.append(rec)
-        st.current = len(st.attempts) - 1
+        if hold:
+            st.incoming = len(st.attempts) - 1
+        else:
+            st.current = len(st.attempts) - 1
         log.info(
             "Launched attempt %d on %s%s at $%.4f/h from checkpoint step %d (%s).",
             n,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_spot.backends.base import Backend
-from airflow_spot.backends.capacity import cooling_until, spot_available
+from airflow_spot.backends.base import Backend, SeesSpot
+from airflow_spot.backends.capacity import cooling_until, replayed_spot, spot_available
 from airflow_spot.backends.local.market import Pools
 from airflow_spot.exceptions import BackendError
 from airflow_spot.jobstate import AttemptRecord, JobState
@@ -39,6 +39,101 @@ class SpotCapacity:
     def cooling(self, now: float) -> set[str]:
         """Pools that lost the job's spot capacity less than their cool-down ago (kept out)."""
         return set(self.cooling_until(now))
+
+    @property
+    def oracle(self) -> bool:
+        """Every look reads the replayed market's true state (the paper's replay)."""
+        return self.market is not None and self.state.observe == "oracle"
+
+    def facts(self, now: float, settle_s: float = 0.0) -> list[tuple[bool, float, str]]:
+        """What shows spot's state at this look: ``(up, wall time, source)``, oldest first.
+
+        Under the oracle, the replayed market itself. Otherwise only what a cluster shows: the
+        job's spot attempts (held: up; waiting for capacity: down; a preemption: down at its
+        ``ended_at``), its probe, and what the backend's cluster says (:class:`SeesSpot`).
+        A request younger than ``settle_s`` shows nothing yet (capacity may be on its way)."""
+        st = self.state
+        if self.oracle:
+            return [(self.available(now), now, "market")]
+        out: list[tuple[bool, float, str]] = []
+        since = st.spot_seen_at if st.spot_seen_at is not None else st.started_at
+        for a in st.attempts:
+            if a.capacity != Capacity.SPOT.value:
+                continue
+            if a.ended_at is None:
+                if a.granted_at:
+                    out.append((True, now, "attempt"))
+                elif now - a.launched_at >= settle_s:
+                    out.append((False, now, "request"))
+            elif a.ended_at >= since:
+                if a.outcome == "preempted":
+                    out.append((False, a.ended_at, "attempt"))
+                elif a.outcome == "spot_unavailable":
+                    out.append((False, a.ended_at, "request"))
+                elif a.granted_at:
+                    out.append((True, a.ended_at, "attempt"))
+        answer = self.probe_answer(now)
+        if answer is not None:
+            out.append(answer)
+        if self.market is None and isinstance(self.backend, SeesSpot):
+            out += [(s.up, s.at, s.source) for s in self.backend.spot_signals(now) if s.fact]
+        return sorted(out, key=lambda f: (f[1], not f[0]))
+
+    # -- probes -----------------------------------------------------------------------------
+    def can_probe(self) -> bool:
+        return self.market is not None or isinstance(self.backend, SeesSpot)
+
+    def probe_answer(self, now: float) -> tuple[bool, float, str] | None:
+        """What the probe asking now shows (a replayed market answers as the cloud would)."""
+        pr = self.state.probe
+        if pr is None:
+            return None
+        if self.market is not None:
+            up = replayed_spot(self.market, now, self.cooling_until(now))
+        elif isinstance(self.backend, SeesSpot):
+            sig = self.backend.probe_signal(pr["handle"], now)
+            if sig is None:
+                return None
+            up, now = sig.up, sig.at
+        else:
+            return None
+        if up:
+            pr["found_at"] = now
+        return (up, now, "probe")
+
+    def settle_probe(
+        self, now: float, take_spot: bool, keep_looking: bool, ident: dict[str, Any], job: Any
+    ) -> None:
+        """After a decision: a probe that found capacity is used by a spot launch, or given
+        back and billed for ``job.changeover_s`` at the spot price; a probe is started (or
+        kept) while the policy asks to look, and deleted when it no longer does."""
+        st = self.state
+        pr = st.probe
+        if pr is not None and pr.get("found_at"):
+            if not take_spot:
+                st.probe_found.append([pr["found_at"], job.changeover_s, job.spot_price])
+            self._drop(pr)
+            pr = st.probe = None
+        if keep_looking and not take_spot and self.can_probe():
+            if pr is None:
+                handle = None
+                if self.market is None and isinstance(self.backend, SeesSpot):
+                    handle = self.backend.probe(ident)
+                st.probe = {"started_at": now, "handle": handle}
+                st.probes += 1
+        elif pr is not None:
+            self._drop(pr)
+            st.probe = None
+
+    def drop_probe(self) -> None:
+        """Delete the probe asking now, if any (the task ends)."""
+        if self.state.probe is not None:
+            self._drop(self.state.probe)
+            self.state.probe = None
+
+    def _drop(self, pr: dict[str, Any]) -> None:
+        if pr.get("handle") is not None and isinstance(self.backend, SeesSpot):
+            self.backend.drop_probe(pr["handle"])
 
     def available(self, now: float) -> bool:
         return spot_available(

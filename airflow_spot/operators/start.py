@@ -83,4 +83,8 @@ def new_state(
         total_steps=total_steps,
         market=market.to_dict() if market is not None else None,
         try_started_at=now,
+        # a replayed market read directly only where the backend asks for the paper's oracle
+        observe="oracle"
+        if market is not None and backend.to_dict().get("observe") == "oracle"
+        else "cluster",
     )

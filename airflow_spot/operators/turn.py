@@ -89,9 +89,21 @@ class Turn:
         live = st.live
         if event is not None and event.handle and live and event.handle.same_attempt(live.handle):
             live.handle = event.handle  # what the watcher recorded (node, capacity, notices)
-        spot = self.capacity.available(now)
-        st.see_spot(spot, now)
+        oracle = self.capacity.oracle
+        fresh = self._fresh_s()
+        facts = (
+            self.capacity.facts(now, self._settle_s()) if oracle else []
+        )  # the market before the verdicts
         ended = self.attempt.refresh(now)
+        self.attempt.refresh_coming(now)
+        if not oracle:  # a cluster shows spot through what happened to the job's attempts
+            facts = self.capacity.facts(now, self._settle_s())
+        for up, at, source in facts:
+            st.see_spot(up, now, source, at)
+        if not facts:
+            st.see_spot(None, now)
+        view = st.spot_view(now, fresh)
+        spot = view["available"]
         if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
             done = self._finish_if_complete(now)
             if done is not None:
@@ -109,16 +121,38 @@ class Turn:
             # policy decides, as for any look while spot is down.)
             return StepResult(False, wake_at=now + self.args.poll_interval)
         self.capacity.track_price(now, self.args.spot_price)
-        decision, job, obs = self.decide(now, spot)
+        decision, job, obs = self.decide(now, view)
         if decision.rule == "done":  # the progress reports say all the work is done
             done = self._complete(now)
             if done is not None:
                 return StepResult(True, summary=done)
             # the newest valid checkpoint does not hold it yet: keep what runs, look again
             return StepResult(False, wake_at=now + self.args.poll_interval)
+        if not oracle:
+            holds_spot = any(
+                a is not None and a.capacity == Capacity.SPOT.value for a in (st.live, st.coming)
+            )
+            self.capacity.settle_probe(
+                now,
+                decision.capacity is Capacity.SPOT,
+                decision.look and not holds_spot,
+                self.ident.to_dict(),
+                job,
+            )
         self.act(decision, job)
         self.report.snapshot(now, job, obs)
+        if st.coming is not None:  # a return to spot: hand over as soon as it is ready
+            return StepResult(False, wake_at=now + self.args.poll_interval)
         return StepResult(False, wake_at=now + self.args.decision_interval.total_seconds())
+
+    def _fresh_s(self) -> float:
+        """Wall seconds a fact stays "seen now": one look."""
+        return min(self.args.poll_interval, self.args.decision_interval.total_seconds())
+
+    def _settle_s(self) -> float:
+        """Wall seconds a spot request waits before its waiting shows spot down (a pod is
+        scheduled, or a supervisor starts, within about a second when capacity is there)."""
+        return max(self._fresh_s(), 1.0)
 
     def _check_budgets(self) -> None:
         """The failure budget, and this try's limit on attempts lost to infrastructure."""
@@ -179,6 +213,9 @@ class Turn:
 
     def stop_for_good(self) -> None:
         """Cancel the live attempt (the task is failing for good); nothing is left running."""
+        if self.state.coming is not None:
+            self.attempt.stop_coming("the task is failing")
+        self.capacity.drop_probe()
         live = self.state.live
         if live is not None:
             log.warning("Stopping attempt %d: the task is failing.", live.attempt)
@@ -235,12 +272,20 @@ class Turn:
                 f"{p.total} steps): {e}",
             ) from e
 
-    def _observe(self, now: float, p: Progress, job: JobSpec, spot: bool | None) -> Observation:
-        """What the policy sees now; a deadline that cannot be met any more is an error."""
+    def _observe(self, now: float, p: Progress, job: JobSpec, view: dict[str, Any]) -> Observation:
+        """What the policy sees now; a deadline that cannot be met any more is an error.
+
+        A spot return granted while on-demand trains on reads as spot launching, with
+        ``overlap`` (as the simulator has it); one still waiting for capacity, as on-demand."""
         st, live = self.state, self.state.live
+        coming = st.coming
+        overlap = coming is not None and coming.granted_at is not None
         cap = Capacity(live.capacity) if live else Capacity.NONE
         left = 0.0
-        if live is not None and live.started_at is None:
+        if overlap and coming is not None:
+            cap = Capacity.SPOT
+            left = max(0.0, p.changeover - st.market_s(now) + st.market_s(coming.granted_at or now))
+        elif live is not None and live.started_at is None:
             began = live.granted_at or now
             left = max(0.0, p.changeover - st.market_s(now) + st.market_s(began))
         now_m = st.market_s(now)
@@ -259,33 +304,50 @@ class Turn:
             now_m,
             p.done_steps * p.sps,
             cap,
-            spot,
+            view["available"],
             left,
             st.preemptions,
-            st.spot_age_s(now),
+            view["age_s"],
             st.spot_down_s,
             st.spot_last_up_s,
             st.spot_last_down_s,
+            view["unseen_s"],
+            view["seen"],
+            view["source"],
+            overlap,
         )
 
-    def decide(self, now: float, spot: bool | None) -> tuple[Decision, JobSpec, Observation]:
+    def decide(
+        self, now: float, view: dict[str, Any] | bool | None
+    ) -> tuple[Decision, JobSpec, Observation]:
+        """Decide with what is seen of spot (``st.spot_view``; a bare bool: seen now)."""
         st = self.state
+        if not isinstance(view, dict):
+            view = {
+                "available": view,
+                "age_s": st.spot_age_s(now),
+                "unseen_s": 0.0,
+                "seen": view,
+                "source": st.spot_source,
+            }
         p = self._progress()
         job = self._job(p)
-        obs = self._observe(now, p, job, spot)
+        obs = self._observe(now, p, job, view)
         decision = self._within_budget(self.policy.decide(job, obs))
-        st.record_decision(now, decision.capacity.value, decision.reason, p.done_steps)
+        signal = spot_signal_text(obs)
+        st.record_decision(now, decision.capacity.value, decision.reason, p.done_steps, spot=signal)
         live = st.live
         log.info(
-            "[spot] t=%.2f h, done %d/%d steps (%.1f%%), %s%s: %s -> %s",
+            "[spot] t=%.2f h, done %d/%d steps (%.1f%%), %s, spot %s: %s -> %s%s",
             obs.now / HOUR,
             p.done_steps,
             p.total,
             100 * p.done_steps / p.total,
             f"attempt {live.attempt} on {live.capacity}" if live else "idle",
-            "" if spot is None else f", spot {'up' if spot else 'down'}",
+            signal,
             decision.reason,
             decision.capacity.value,
+            " (look)" if decision.look and not self.capacity.oracle else "",
         )
         return decision, job, obs
 
@@ -327,6 +389,31 @@ class Turn:
         live = self.state.live
         want = decision.capacity
         reason = f"stopped to switch to {want.value}: {decision.reason}"
+        coming = self.state.coming
+        if coming is not None:
+            if want is Capacity.SPOT:
+                return  # on-demand trains on until the spot attempt is ready to take over
+            if want is Capacity.ON_DEMAND and decision.look and coming.granted_at is None:
+                return  # still waiting for capacity: the request is the look (unbilled)
+            log.info("Calling off the return to spot: cancelling attempt %d.", coming.attempt)
+            self.attempt.stop_coming(f"return called off: {decision.reason}")
+        if (
+            want is Capacity.SPOT
+            and live is not None
+            and live.capacity == Capacity.ON_DEMAND.value
+            and self.attempt.can_hand_over()
+        ):
+            self.attempt.launch(want, job, hold=True)  # make-before-break
+            return
+        if (
+            want is Capacity.NONE
+            and decision.look
+            and not self.capacity.oracle
+            and live is not None
+            and live.capacity == Capacity.SPOT.value
+            and live.granted_at is None
+        ):
+            return  # waiting for spot: the job's own spot request is the look (it holds nothing)
         if live is not None and Capacity(live.capacity) is want:
             if not self.capacity.stranded(live, time.time()):
                 return
@@ -338,6 +425,18 @@ class Turn:
         if want is Capacity.NONE:
             return
         self.attempt.launch(want, job)
+
+
+def spot_signal_text(obs: Observation) -> str:
+    """Spot's signal as the decision log and the UI show it: up or down (and from which
+    source), or unknown since when."""
+    src = f" ({obs.spot_source})" if obs.spot_source else ""
+    if obs.spot_available is not None:
+        return f"{'up' if obs.spot_available else 'down'}{src}"
+    if obs.spot_seen is None:
+        return "unknown (never seen)"
+    was = "up" if obs.spot_seen else "down"
+    return f"unknown for {obs.spot_unseen_s / HOUR:.2f} h ({was} when last seen{src})"
 
 
 def _dur(seconds: float) -> str:

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import lru_cache
 from typing import ClassVar
 
 from airflow_spot.exceptions import UnknownPolicy
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
 
 EPS = 1e-3  # seconds of work or changeover treated as zero (as in the paper's simulator)
+# a fast-forward hint (:meth:`Policy.steady`) meaning "for as long as the steady state lasts"
+ALWAYS = 1 << 60
+_WHOLE = float(1 << 25)  # whole seconds below this: the baselines' arithmetic is exact
 
 DONE = Decision(Capacity.NONE, "done")
 
@@ -81,8 +85,57 @@ class Policy:
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
         raise NotImplementedError
 
+    def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
+        """A replay's fast-forward hint (never called by the operator): how many following
+        looks are *certain* to get a decision with the same capacity, rule and ``look`` as
+        ``decision``, the one :meth:`decide` just returned for ``obs``.
+
+        The caller asks only when ``decision.capacity`` is ``obs.capacity`` (no switch) and
+        nothing of a changeover is left on it (``obs.changeover_left_s == 0``), and skips
+        looks only while the state stays steady: the capacity stays held and is never
+        reclaimed, spot's state stays as ``obs`` has it (seen and the same, or unseen), and
+        neither the end of the work nor the deadline comes. So the ``j``-th following look
+        sees ``obs`` with ``now`` and (on spot or on-demand, not idle) ``done_s`` ``j`` ticks
+        on, ``spot_age_s`` (seen) or ``spot_unseen_s`` (unseen) ``j`` ticks older,
+        ``spot_down_s`` ``j`` ticks more where spot is seen down, ``spot_source`` perhaps
+        changed, and all else the same (up to rounding in the last digits: a hint that
+        depends on a comparison must not hold it on a knife's edge).
+
+        A hint may fall short (the caller then looks again), never long. The default, 0,
+        promises nothing: every look is taken.
+        """
+        return 0
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def own_rules(policy: Policy, cls: type[Policy]) -> bool:
+    """``policy`` decides by ``cls``'s rules (a subclass that changes them loses its hints)."""
+    kind = type(policy)
+    return kind.choose is cls.choose and kind.decide is Policy.decide and kind.unsafe is cls.unsafe
+
+
+def exact(job: JobSpec, obs: Observation) -> bool:
+    """The job's and the look's times are whole seconds, small enough that ``ticks_left``,
+    ``ticks_needed`` and the Uniform Progress line compare exactly as whole numbers would, at
+    this look and at every steady one after it (so hints may count thresholds in integers)."""
+    now, done = obs.now, obs.done_s
+    return (
+        0.0 <= now < _WHOLE
+        and 0.0 <= done < _WHOLE
+        and float(now).is_integer()
+        and float(done).is_integer()
+        and _exact_job(job)
+    )
+
+
+@lru_cache(maxsize=64)
+def _exact_job(job: JobSpec) -> bool:
+    return all(
+        0.0 <= v < _WHOLE and float(v).is_integer()
+        for v in (job.work_s, job.deadline_s, job.changeover_s, job.tick_s)
+    )
 
 
 _REGISTRY: dict[str, Callable[[], Policy]] = {}

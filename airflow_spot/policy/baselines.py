@@ -18,11 +18,28 @@ otherwise do what it does when spot is down. While it waits for spot, or sits on
 ready to return, it keeps a request or probe waiting (``look``), so that it sees spot come
 back at the next look, as the oracle would. Under the oracle every look sees spot and these
 rules never fire: the paper's results are unchanged.
+
+Each also offers a replay the fast-forward hint of :meth:`Policy.steady` (a replay skips the
+looks it is certain of). While the capacity held runs, work left and intervals left fall by
+one a tick together, so every comparison of ``ticks_needed`` with ``ticks_left`` keeps its
+outcome; while idle, only the intervals left fall, and the Uniform Progress line rises by
+``C / R`` a tick: the look at which a rule changes is counted in whole numbers (only where
+:func:`~airflow_spot.policy.base.exact` says the arithmetic is; otherwise no hint).
 """
 
 from __future__ import annotations
 
-from airflow_spot.policy.base import Policy, ask_spot, register, ticks_left, ticks_needed
+from airflow_spot.policy.base import (
+    ALWAYS,
+    EPS,
+    Policy,
+    ask_spot,
+    exact,
+    own_rules,
+    register,
+    ticks_left,
+    ticks_needed,
+)
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
 
 OD_ONLY = Decision(Capacity.ON_DEMAND, "od_only")
@@ -50,6 +67,11 @@ class OnDemand(Policy):
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
         return OD_ONLY
 
+    def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
+        if not own_rules(self, OnDemand) or not _held(obs, decision):
+            return 0
+        return ALWAYS  # on-demand at every look
+
 
 @register
 class Greedy(Policy):
@@ -65,6 +87,17 @@ class Greedy(Policy):
         if obs.spot_available is None:
             return ask_spot(obs)
         return SPOT_UP if obs.spot_available else _wait(job, obs)
+
+    def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
+        if not own_rules(self, Greedy) or not _held(obs, decision) or not exact(job, obs):
+            return 0
+        if obs.capacity is Capacity.NONE:  # waiting (spot seen down) until the slack is gone
+            if obs.spot_available is not False:
+                return 0
+            return ticks_left(job, obs) - ticks_needed(job, obs, 2) - 1
+        # running on spot (spot_up / stay_spot) or on-demand (safety): the comparisons that
+        # chose it keep their outcome while work left and intervals left fall together
+        return ALWAYS
 
 
 @register
@@ -100,6 +133,29 @@ class UniformProgress(Policy):
             choice = _safety_od(job, obs)
         return choice
 
+    def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
+        if not own_rules(self, UniformProgress) or not _held(obs, decision):
+            return 0
+        cap = obs.capacity
+        if cap is Capacity.SPOT:  # spot_up while spot is up; the safety net keeps it
+            return ALWAYS
+        if not exact(job, obs):
+            return 0
+        w, r, d, g = int(job.work_s), int(job.deadline_s), int(job.changeover_s), int(job.tick_s)
+        now, done = int(obs.now), int(obs.done_s)
+        if cap is Capacity.NONE:  # waiting (spot seen down) on or above the line
+            if obs.spot_available is not False:
+                return 0
+            on_line = (done * r - now * w) // (g * w)  # looks with (now + j g) C / R <= done
+            return min(on_line, ticks_left(job, obs) - ticks_needed(job, obs, 2) - 1)
+        if decision.rule == "safety":  # work left and intervals left fall together
+            return ALWAYS
+        # hysteresis: on on-demand, progress gains (1 - C / R) tick a tick on the line two
+        # changeovers ahead; the look flag is whether it is past that line
+        if decision.look or r == w:
+            return ALWAYS  # past it (and staying past), or the line keeps pace
+        return ((now + 2 * d) * w - done * r) // (g * (r - w))  # looks still behind it
+
 
 @register
 class LastAttemptOnDemand(Policy):
@@ -114,6 +170,28 @@ class LastAttemptOnDemand(Policy):
         if obs.spot_available is None:
             return ask_spot(obs)
         return SPOT_UP if obs.spot_available else _wait(job, obs)
+
+    def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
+        if not own_rules(self, LastAttemptOnDemand) or not _held(obs, decision):
+            return 0
+        budget = DEFAULT_PREEMPTION_BUDGET if job.max_preemptions is None else job.max_preemptions
+        if obs.preemptions >= budget or obs.capacity is Capacity.SPOT:
+            return ALWAYS  # budget_spent for good; spot_up, which the safety net keeps
+        if not exact(job, obs):
+            return 0
+        if obs.capacity is Capacity.NONE:  # waiting (spot seen down) until the net catches it
+            if obs.spot_available is not False:
+                return 0
+            return ticks_left(job, obs) - ticks_needed(job, obs) - 1
+        return ALWAYS  # the safety net's on-demand: work and intervals left fall together
+
+
+def _held(obs: Observation, decision: Decision) -> bool:
+    """The steady states the baselines' hints cover: the capacity held is kept, with nothing
+    of a changeover left on it."""
+    return decision.capacity is obs.capacity and (
+        obs.capacity is Capacity.NONE or obs.changeover_left_s < EPS
+    )
 
 
 def _safety_od(job: JobSpec, obs: Observation) -> Decision:

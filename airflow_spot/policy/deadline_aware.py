@@ -232,8 +232,15 @@ class DeadlineAware(Policy):
                 (*belief, slack / HOUR),
                 look=True,
             )
-        if seen is None:
-            belief = (0.0, "never", "state", 0.0, "?", "it is up")
+        if seen is None:  # the first look: nothing seen yet
+            if cheap(True, 0.0) and obs.capacity is not Capacity.ON_DEMAND:
+                return Decision(Capacity.SPOT, "never_seen_ask", (slack / HOUR,))
+            return Decision(
+                obs.capacity if obs.capacity is not Capacity.NONE else Capacity.ON_DEMAND,
+                "never_seen_od",
+                (slack / HOUR,),
+                look=True,
+            )
         else:
             belief = (e / HOUR, "down", "outage", (a + e) / HOUR, _pct(p_up), "it is back")
         if cheap(True, 0.0) and obs.capacity is not Capacity.ON_DEMAND:

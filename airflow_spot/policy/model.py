@@ -179,6 +179,8 @@ REASONS.update(
         "dp_wait": "spot down {0:.2f} h, expected outage {1:.1f} h more, slack {2:.2f} h above the floor {3:.2f} h: wait",
         # spot unseen: the belief (unseen h, last state, run kind, age h, chance, what), slack
         "unseen_ask": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: ask for spot (on-demand, if held, trains until it is ready)",
+        "never_seen_ask": "spot not seen yet, slack {0:.2f} h: ask for spot (the request waits unbilled if spot is down)",
+        "never_seen_od": "spot not seen yet, slack {0:.2f} h too thin to wait for it: on-demand; probe",
         "unseen_keep_od": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: a run that young does not pay a return yet; stay on on-demand, no probe",
         "unseen_wait": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: wait with a request",
         "unseen_probe": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: stay on on-demand; probe",

@@ -33,14 +33,26 @@ Two observation models (``observe``):
     launch pays its changeover, both billed for that overlap (on-demand by the second, until
     spot is ready), and no progress is lost. If spot is reclaimed before it is ready,
     on-demand was never stopped.
+
+Fast-forward (``fast``, on by default; the module's :data:`FAST` sets the default): where the
+state is steady (the capacity held is kept, with no changeover left, and spot's state as
+seen does not change), a policy that offers :meth:`~airflow_spot.policy.Policy.steady` says
+for how many looks its decision is certain to stay the same; the replay then jumps to the
+next change of spot's state, that many looks, the end of the work or the deadline, whichever
+comes first, billing and crediting the ticks it skips one by one in the same order (the
+result, ledger and all, is the same as with every look taken).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 from airflow_spot.ledger import Ledger, Phase, Segment
-from airflow_spot.policy import Capacity, JobSpec, Observation, Policy
+from airflow_spot.policy import Capacity, Decision, JobSpec, Observation, Policy
 from airflow_spot.policy.base import EPS
 from airflow_spot.simulate.traces import Trace
 
@@ -48,6 +60,48 @@ NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
 
 
 OBSERVE = ("cluster", "oracle")
+_EXACT = float(1 << 52)  # whole numbers of seconds below this add up exactly
+FAST = True  # fast-forward steady stretches (see the module's notes); replay(fast=...) overrides
+
+
+def _observation_maker() -> Callable[..., Observation]:
+    """``Observation(*all fields)``, built without a frozen dataclass's ``object.__setattr__``
+    per field (the replay builds one per look); the plain class where its fields are not the
+    14 expected."""
+    names = tuple(f.name for f in fields(Observation))
+    if names != _OBS_FIELDS or hasattr(Observation, "__post_init__"):
+        return Observation
+    new = object.__new__
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13 = (
+        getattr(Observation, n).__set__ for n in names
+    )
+
+    def make(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13):  # type: ignore[no-untyped-def]
+        o = new(Observation)
+        s0(o, a0), s1(o, a1), s2(o, a2), s3(o, a3), s4(o, a4), s5(o, a5), s6(o, a6)
+        s7(o, a7), s8(o, a8), s9(o, a9), s10(o, a10), s11(o, a11), s12(o, a12), s13(o, a13)
+        return o
+
+    return make
+
+
+_OBS_FIELDS = (
+    "now",
+    "done_s",
+    "capacity",
+    "spot_available",
+    "changeover_left_s",
+    "preemptions",
+    "spot_age_s",
+    "spot_down_s",
+    "last_up_s",
+    "last_down_s",
+    "spot_unseen_s",
+    "spot_seen",
+    "spot_source",
+    "overlap",
+)
+_observation = _observation_maker()
 
 
 class SpotRuns:
@@ -86,7 +140,7 @@ class SpotRuns:
         overlap: bool,
     ) -> Observation:
         """The observation while spot's state is not seen now."""
-        return Observation(
+        return _observation(
             now,
             done,
             cur,
@@ -115,7 +169,7 @@ class SpotRuns:
         overlap: bool = False,
     ) -> Observation:
         """The observation while spot's state is seen now (``up``)."""
-        return Observation(
+        return _observation(
             now,
             done,
             cur,
@@ -190,16 +244,19 @@ def replay(
     use_trace_prices: bool = False,
     observe: str = "cluster",
     probe_hold_s: float | None = None,
+    fast: bool | None = None,
 ) -> RunResult:
     """Replay ``policy`` on ``trace`` for ``job``; ticks are the trace's ``gap_s``.
 
     ``observe``: ``"cluster"`` (what a cluster shows) or ``"oracle"`` (the paper's model); see
     the module's notes. ``probe_hold_s``: how long capacity a probe found and the job did not
-    use is billed (default: the job's changeover)."""
+    use is billed (default: the job's changeover). ``fast``: fast-forward steady stretches
+    where the policy offers a hint (default :data:`FAST`; off, every look is taken)."""
     if observe not in OBSERVE:
         raise ValueError(f"observe={observe!r}: choose one of {', '.join(OBSERVE)}")
+    steady = getattr(policy, "steady", None) if (FAST if fast is None else fast) else None
     if observe == "cluster":
-        return _replay_cluster(policy, trace, job, use_trace_prices, probe_hold_s)
+        return _replay_cluster(policy, trace, job, use_trace_prices, probe_hold_s, steady)
     gap = trace.gap_s
     if abs(job.tick_s - gap) > 1e-9:
         raise ValueError(f"job.tick_s={job.tick_s} must equal the trace's tick {gap}")
@@ -213,6 +270,8 @@ def replay(
     work_on = {SPOT: 0.0, OD: 0.0}
     runs, down = SpotRuns(), 0.0
     runs.source = "market"
+    if steady is not None:
+        flips, tlast = _flips(trace), _last_tick(deadline, gap)
     t = 0
     met = False
     while True:
@@ -252,12 +311,40 @@ def replay(
             seg.close("deadline")
             break
         obs = runs.observation(now, done, cur, has, rro, preemptions, down)
-        req = policy.decide(job, obs).capacity
+        decision = policy.decide(job, obs)
+        req = decision.capacity
         if req is not cur:
             if req is not NONE:
                 rro = d
             if cur is not NONE:
                 seg.close("switched")
+        elif (
+            steady is not None
+            and (cur is NONE or rro == 0.0)
+            and not (spot_prices and cur is SPOT)
+            and (m := min(tlast - t, _run_end(flips, t) - 1 - t)) > 0
+            and (k := steady(job, obs, decision)) > 0
+        ):
+            # the ticks t+1 .. t+m: spot as at t, the same decision at each look
+            m = min(k, m)
+            if m > 0:
+                m, done, won, down = _advance(
+                    seg,
+                    cur,
+                    t,
+                    m,
+                    gap,
+                    work,
+                    done,
+                    work_on[cur] if cur is not NONE else 0.0,
+                    down,
+                    not has,
+                    job.on_demand_price if cur is OD else job.spot_price,
+                )
+                if cur is not NONE:
+                    work_on[cur] = won
+                t += m
+                runs.seen_at = t * gap
         cur = req
         t += 1
     ledger.finished_s = t * gap if met else None
@@ -285,6 +372,7 @@ def _replay_cluster(
     job: JobSpec,
     use_trace_prices: bool,
     probe_hold_s: float | None,
+    steady: Callable[[JobSpec, Observation, Decision], int] | None = None,
 ) -> RunResult:
     """:func:`replay` under ``observe="cluster"`` (the rules are in the module's notes)."""
     gap = trace.gap_s
@@ -305,6 +393,8 @@ def _replay_cluster(
     work_on = {SPOT: 0.0, OD: 0.0}
     runs, down = SpotRuns(), 0.0
     watched = was_down = False
+    if steady is not None:
+        flips, tlast = _flips(trace), _last_tick(deadline, gap)
     t = 0
     met = False
     while True:
@@ -364,6 +454,7 @@ def _replay_cluster(
             obs = runs.unseen(now, done, cur, rro, preemptions, down, overlap)
         decision = policy.decide(job, obs)
         req = decision.capacity
+        held = cur
         found = bool(looking) and has
         looked, looking = looking, ""
         if req is SPOT and cur is not SPOT:
@@ -396,6 +487,39 @@ def _replay_cluster(
                 looking = "probe" if cur is OD else "request"
                 if looking == "probe" and (looked != "probe" or found):
                     probes += 1
+        if (
+            steady is not None
+            and req is held
+            and not overlap
+            and (cur is NONE or rro == 0.0)
+            and (cur is SPOT or bool(looking)) == seen  # seen (or unseen) at the next look too
+            and not (looking and has)  # a request or probe that would find spot at once
+            and not (spot_prices and cur is SPOT)
+            and (m := min(tlast - t, _run_end(flips, t) - 1 - t) if seen else tlast - t) > 0
+            and (k := steady(job, obs, decision)) > 0
+        ):
+            # the ticks t+1 .. t+m: spot as at t where it is seen, the same decision at each
+            m = min(k, m)
+            if m > 0:
+                m, done, won, down = _advance(
+                    seg,
+                    cur,
+                    t,
+                    m,
+                    gap,
+                    work,
+                    done,
+                    work_on[cur] if cur is not NONE else 0.0,
+                    down,
+                    seen and not has,
+                    od_price if cur is OD else job.spot_price,
+                )
+                if cur is not NONE:
+                    work_on[cur] = won
+                t += m
+                if seen:
+                    runs.source = "attempt" if cur is SPOT else looking
+                    runs.seen_at = t * gap
         watched, was_down = seen, seen and not has
         t += 1
     ledger.finished_s = t * gap if met else None
@@ -420,6 +544,86 @@ def _replay_cluster(
         probe_cost=ledger.probe_cost,
         overlap_hours=overlap_s / 3600.0,
     )
+
+
+def _flips(trace: Trace) -> list[int]:
+    """The ticks at which spot's state differs from the tick before (after the trace, spot
+    is down)."""
+    a = np.asarray(trace.available, dtype=bool)
+    ext = np.concatenate([a, [False]])
+    return (np.flatnonzero(ext[1:] != ext[:-1]) + 1).tolist()
+
+
+def _run_end(flips: list[int], t: int) -> int:
+    """The first tick after ``t`` at which spot's state is not what it is at ``t``."""
+    i = bisect_right(flips, t)
+    return flips[i] if i < len(flips) else 1 << 62
+
+
+def _last_tick(deadline: float, gap: float) -> int:
+    """The last tick ``t`` with ``t * gap < deadline`` (the replay's own test)."""
+    t = max(int(deadline // gap), 0)
+    while t > 0 and t * gap >= deadline:
+        t -= 1
+    while (t + 1) * gap < deadline:
+        t += 1
+    return t
+
+
+def _advance(
+    seg: _SegmentBuilder,
+    cur: Capacity,
+    t: int,
+    m: int,
+    gap: float,
+    work: float,
+    done: float,
+    won: float,
+    down: float,
+    spot_down: bool,
+    price: float,
+) -> tuple[int, float, float, float]:
+    """Bill and credit the steady ticks ``t+1 .. t+m`` (fewer where the work would end) as
+    the per-tick loop does: ``(m, done, work on cur, down)``. The sums are those of the loop,
+    one tick at a time, or (whole seconds, where every partial sum is exact) in one step."""
+    whole = (
+        gap.is_integer()
+        and done.is_integer()
+        and won.is_integer()
+        and down.is_integer()
+        and work.is_integer()
+        and max(work, won, down) + (m + 1) * gap < _EXACT
+    )
+    if cur is not NONE:
+        first = done + gap
+        if whole:  # work - (done + j gap) > EPS  <=>  j gap <= work - done - 1
+            m = min(m, int((work - done - 1.0) // gap))
+            if m <= 0:
+                return 0, done, won, down
+            done += m * gap
+            won += m * gap
+        else:
+            for j in range(m):
+                nd = done + gap
+                if work - nd <= EPS:  # that tick ends the work: the loop takes it
+                    m = j
+                    break
+                done = nd
+                won += gap
+            if m == 0:
+                return 0, done, won, down
+        seg.tick(cur, (t + 1) * gap - gap, 0.0, gap, first - gap, first, price)
+    else:
+        seg.tick(NONE, (t + 1) * gap - gap, 0.0, gap, done, done, 0.0)
+    if m > 1:
+        seg.end, seg.p1 = (t + m) * gap - gap + gap, done
+    if spot_down:
+        if whole:
+            down += m * gap
+        else:
+            for _ in range(m):
+                down += gap
+    return m, done, won, down
 
 
 class _SegmentBuilder:

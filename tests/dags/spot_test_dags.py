@@ -43,6 +43,7 @@ with DAG(
             work_dir=ROOT + "/runs",
             notice_s=0.1,
             grace_s=2.0,
+            observe=os.environ.get("SPOT_TEST_OBSERVE", "cluster"),
         ),
         decision_interval=timedelta(seconds=0.5),
         poll_interval=0.05,

@@ -194,3 +194,40 @@ def test_mapped_instances_each_train_into_their_own_location(
         assert st["finished"]
         owner = json.loads((tmp_path / "mapped-shared" / "job-owner.json").read_text())
         assert owner["map_index"] == first
+
+
+def test_a_return_to_spot_is_make_before_break(monkeypatch, tmp_path: Path) -> None:
+    """Spot down at the start (uniform_progress falls behind its line and trains on on-demand),
+    then up for good. As a cluster shows spot, the return is make-before-break: the spot
+    attempt is launched while on-demand trains, and once it is ready the on-demand attempt
+    checkpoints and stops and the spot attempt resumes from that very checkpoint: no idle gap,
+    no lost step, both billed while they overlap; the model equals an uninterrupted run's."""
+    trace = scripted_trace(tmp_path / "market.json", [(False, 12), (True, 1000)])
+    dag, dr = _run(
+        monkeypatch,
+        tmp_path,
+        "preemptions_dag",
+        SPOT_TEST_TRACE=str(trace),
+        SPOT_TEST_DEADLINE_S="17",
+        SPOT_TEST_POLICY="uniform_progress",
+        SPOT_TEST_OBSERVE="cluster",
+    )
+    assert dr.state == "success"
+    st = _state(dag.dag_id, dr.run_id)
+    handed = [a for a in st["attempts"] if a.get("handed_to")]
+    assert len(handed) == 1, [(a["capacity"], a["outcome"]) for a in st["attempts"]]
+    od = handed[0]
+    spot = next(a for a in st["attempts"] if a["attempt"] == od["handed_to"])
+    assert od["capacity"] == "on_demand" and spot["capacity"] == "spot"
+    assert spot["launched_at"] < od["ended_at"]  # launched while on-demand trained
+    assert spot["ready_at"] <= od["ended_at"] <= spot["started_at"]  # no idle gap
+    assert spot["step_start"] == od["ckpt_step_end"] >= od["step_end"] - 0  # no lost step
+    assert od["step_end"] == od["ckpt_step_end"]
+    summary = st["finished"]
+    assert summary["deadline_met"] is True
+    assert summary["overlap_hours"] > 0
+    assert summary["attempts"][-1]["capacity"] == "spot"
+    assert summary["work_lost_hours"] == 0
+    decisions = st["decisions"]
+    assert all("spot" in d for d in decisions)
+    assert any(d["spot"].startswith("down") for d in decisions)

@@ -28,6 +28,7 @@ STARTUP_GRACE_S = 15.0
 
 
 POLARITIES = ("available", "unavailable", None)
+OBSERVE = ("cluster", "oracle")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class LocalBackend:
     :param pools: several spot pools (zones), each replayed from its own trace; every spot
         launch goes to the cheapest pool with capacity, and a pool that preempted the job is
         kept out for ``pool_cooldown_h`` trace hours. Empty: one market from ``trace``.
+    :param observe: how the operator sees the replayed market. ``"cluster"`` (the default): as
+        a cluster shows spot, only through the job's own spot attempt, its spot request and
+        its probes, with make-before-break returns to spot (what a user gets on Kubernetes).
+        ``"oracle"``: spot's true state at every look, break-before-make (the paper's replay).
     """
 
     trace: str | None = None
@@ -58,6 +63,7 @@ class LocalBackend:
     extra_env: dict[str, str] = field(default_factory=dict)
     pools: tuple[Pool, ...] = ()
     pool_cooldown_h: float = 1.0
+    observe: str = "cluster"
 
     kind = "local"
     runs_on_worker = True
@@ -93,6 +99,12 @@ class LocalBackend:
             v = getattr(self, name)
             if not finite_number(v) or v < 0:
                 raise ConfigError(f"backend.{name}", f"must be a number >= 0, got {v!r}")
+        if self.observe not in OBSERVE:
+            raise ConfigError(
+                "backend.observe",
+                f"must be 'cluster' (spot seen as a cluster shows it) or 'oracle' (the paper's "
+                f"replay: spot's true state at every look), got {self.observe!r}",
+            )
         if not isinstance(self.offset, int) or isinstance(self.offset, bool) or self.offset < 0:
             raise ConfigError("backend.offset", f"must be a tick index >= 0, got {self.offset!r}")
 
@@ -145,7 +157,16 @@ class LocalBackend:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LocalBackend:
         """The backend from :meth:`to_dict` (its pools travel with the market, not here)."""
-        known = ("trace", "polarity", "time_scale", "offset", "notice_s", "grace_s", "work_dir")
+        known = (
+            "trace",
+            "polarity",
+            "time_scale",
+            "offset",
+            "notice_s",
+            "grace_s",
+            "work_dir",
+            "observe",
+        )
         return cls(**{k: d[k] for k in known if k in d})
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +179,7 @@ class LocalBackend:
             "notice_s": self.notice_s,
             "grace_s": self.grace_s,
             "work_dir": self.work_dir,
+            "observe": self.observe,
         }
 
     # -- attempts ---------------------------------------------------------------------------
@@ -173,10 +195,14 @@ class LocalBackend:
         market: MarketSpec,
         env: dict[str, str] | None = None,
         pool: str = "",  # noqa: ARG002 - the market given is already the chosen pool's
+        hold: bool = False,
     ) -> AttemptHandle:
         """Start attempt ``attempt`` under a detached supervisor; returns its handle.
 
-        ``ident``: dag_id, task_id, run_id, map_index (and try_number) of the task instance."""
+        ``ident``: dag_id, task_id, run_id, map_index (and try_number) of the task instance.
+        ``hold``: a make-before-break return: once capacity is granted and the changeover is
+        paid, the attempt reports ``ready_at`` and waits for :meth:`release_hold` (the attempt
+        it replaces checkpoints and stops first) before the training command starts."""
         run_key = "/".join(
             _safe(str(ident[k])) for k in ("dag_id", "run_id", "task_id", "map_index")
         )
@@ -205,6 +231,7 @@ class LocalBackend:
             "notice_s": self.notice_s,
             "grace_s": self.grace_s,
             "notice_file": str(run_dir / "NOTICE"),
+            "hold_file": str(run_dir / "GO") if hold else None,
             "market": market.to_dict(),
             "env": {
                 **self.extra_env,
@@ -230,6 +257,11 @@ class LocalBackend:
             timeout=30,
         )
         return AttemptHandle(launched_at=time.time(), run_dir=str(run_dir))
+
+    def release_hold(self, handle: AttemptHandle) -> None:
+        """Let a held attempt (``launch(hold=True)``) start training: the attempt it replaces
+        has checkpointed and stopped."""
+        (Path(str(handle.run_dir)) / "GO").write_text(str(time.time()))
 
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """The attempt's status; a supervisor that died without a verdict reads as ``lost``."""

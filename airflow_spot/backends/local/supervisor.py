@@ -90,7 +90,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_cancel)
         self.publish()
         try:
-            if not self._wait_for_spot() or not self._changeover():
+            if not self._wait_for_spot() or not self._changeover() or not self._hold():
                 return 0
             if self._start_child():
                 self._watch()
@@ -128,6 +128,30 @@ class Supervisor:
                 self.finish(
                     Outcome.PREEMPTED,
                     "spot capacity reclaimed during start-up",
+                    market_tick=tick,
+                    during="launch",
+                )
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def _hold(self) -> bool:
+        """A make-before-break return: ready (capacity granted, changeover paid), wait until
+        the attempt it replaces has checkpointed and stopped (the controller writes the hold
+        file), then train from that checkpoint. Reclaimed meanwhile: preempted, before any
+        work, and the attempt it was to replace never stopped."""
+        hold = self.spec.get("hold_file")
+        if not hold:
+            return True
+        self.publish(ready_at=time.time())
+        while not Path(hold).exists():
+            if self._cancelled():
+                return False
+            if not self.spot_up():
+                tick = self.market.tick_at(time.time()) if self.market else None
+                self.finish(
+                    Outcome.PREEMPTED,
+                    "spot capacity reclaimed while ready to take over",
                     market_tick=tick,
                     during="launch",
                 )

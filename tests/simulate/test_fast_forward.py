@@ -1,0 +1,179 @@
+"""The replay's fast-forward is exact: the same rows, costs and ledgers as every look taken."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from airflow_spot.policy import (
+    HOUR,
+    Capacity,
+    Decision,
+    JobSpec,
+    Observation,
+    Policy,
+    get_policy,
+    policy_names,
+)
+from airflow_spot.policy.base import EPS
+from airflow_spot.simulate import Trace, engine, replay
+
+TICK = 600.0
+OBSERVE = ("oracle", "cluster")
+CHEAP = ("greedy", "uniform_progress", "last_attempt_on_demand", "on_demand", "slack_reserve")
+
+
+def _trace(rng: np.random.Generator, i: int, n: int = 160) -> Trace:
+    """Flickery, long runs, or a mix of both; some start down, some end early (down after)."""
+    kind = i % 4
+    if kind == 0:  # flickery
+        avail = rng.random(n) < 0.5
+    else:
+        stay = (0.98, 0.85, 0.6)[kind - 1]
+        avail = np.empty(n, bool)
+        avail[0] = rng.random() < 0.5
+        for j in range(1, n):
+            avail[j] = avail[j - 1] if rng.random() < stay else not avail[j - 1]
+    if i % 7 == 3:
+        avail = avail[: n // 2]  # shorter than the deadline: spot is down after it
+    prices = rng.uniform(0.5, 1.5, len(avail)) if i % 9 == 5 else None
+    return Trace(f"r{i}", TICK, avail, prices)
+
+
+def _jobs() -> list[JobSpec]:
+    out = []
+    for work_h, slack_ticks, d in [
+        (10.0, 30, 720.0),  # the paper's changeover, 1.2 ticks
+        (10.0, 3, 720.0),  # deadline near the work
+        (8.0, 20, 0.0),  # no changeover (deadline == work is allowed)
+        (8.0, 0, 0.0),
+        (12.0, 25, 300.0),  # less than a tick
+        (12.0, 40, 1500.0),  # more than two ticks
+        (9.0, 12, 442.8),  # not whole seconds: no hints from the baselines, same results
+        (6.5, 10, 1200.0),  # exactly two ticks
+    ]:
+        work = work_h * HOUR
+        out.append(JobSpec(work, work + d + slack_ticks * TICK, d, tick_s=TICK))
+    out.append(JobSpec(10 * HOUR, 12 * HOUR, 720.0, tick_s=TICK, max_preemptions=1))
+    out.append(JobSpec(10 * HOUR, 11 * HOUR + 1.5, 720.0, tick_s=TICK))  # deadline off a tick
+    return out
+
+
+def _same(policy: str, traces: list[Trace], jobs: list[JobSpec], observe: str) -> int:
+    """Replays with and without the fast-forward agree in every figure; the looks skipped."""
+    fast, slow = _Counting(get_policy(policy)), _Counting(get_policy(policy))
+    for job in jobs:
+        for tr in traces:
+            for prices in (False, True) if tr.prices is not None else (False,):
+                kw = {"observe": observe, "use_trace_prices": prices}
+                a = replay(fast, tr, job, fast=True, **kw)  # type: ignore[arg-type]
+                b = replay(slow, tr, job, fast=False, **kw)  # type: ignore[arg-type]
+                where = (policy, observe, tr.name, job)
+                assert a.row() == b.row(), where
+                assert a.cost == b.cost, where
+                assert a.ledger is not None and b.ledger is not None
+                assert a.ledger.segments == b.ledger.segments, where
+                assert (a.ledger.probes, a.ledger.finished_s, a.overlap_hours) == (
+                    b.ledger.probes,
+                    b.ledger.finished_s,
+                    b.overlap_hours,
+                ), where
+    return slow.calls - fast.calls
+
+
+class _Counting:
+    """A policy's proxy that counts its looks and checks every hint it gives against the looks
+    that follow (while the state stays steady, the decision must stay the same)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy, self.name, self.calls = policy, policy.name, 0
+        self.promise: tuple[Observation, Decision, int, int] | None = None
+
+    def decide(self, job: JobSpec, obs: Observation) -> Decision:
+        self.calls += 1
+        decision = self.policy.decide(job, obs)
+        if self.promise is not None:
+            o, d, k, at = self.promise
+            j = round((obs.now - o.now) / job.tick_s)
+            steady = (
+                obs.capacity is o.capacity
+                and obs.preemptions == o.preemptions
+                and obs.spot_available == o.spot_available
+                and obs.overlap == o.overlap
+                and (obs.capacity is Capacity.NONE or obs.changeover_left_s < EPS)
+            )
+            if steady and 0 < j <= k and self.calls == at + j:
+                key = (decision.capacity, decision.rule, decision.look)
+                assert key == (d.capacity, d.rule, d.look), (self.name, o, obs, j, k)
+            else:
+                self.promise = None
+        if self.promise is None:
+            k = self.policy.steady(job, obs, decision)
+            if k > 0:
+                self.promise = (obs, decision, k, self.calls)
+        return decision
+
+    def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
+        k = self.policy.steady(job, obs, decision)
+        if k > 0:
+            self.promise = None  # the replay skips; the promise is checked by the rows then
+        return k
+
+
+@pytest.fixture(scope="module")
+def traces() -> list[Trace]:
+    rng = np.random.default_rng(19)
+    return [_trace(rng, i) for i in range(24)]
+
+
+@pytest.mark.parametrize("observe", OBSERVE)
+@pytest.mark.parametrize("policy", CHEAP)
+def test_fast_forward_is_exact(traces, policy, observe) -> None:
+    skipped = _same(policy, traces, _jobs(), observe)
+    if policy != "slack_reserve":  # the baselines give hints: looks were skipped
+        assert skipped > 0
+
+
+@pytest.mark.parametrize("observe", OBSERVE)
+def test_fast_forward_is_exact_for_every_registered_policy(traces, observe) -> None:
+    """Policies without a hint (the default, 0) replay exactly as before, look by look."""
+    jobs = [JobSpec(10 * HOUR, 13 * HOUR, 720.0, tick_s=TICK)]
+    for name in policy_names():
+        if name not in CHEAP:
+            _same(name, traces[:6], jobs, observe)
+
+
+def test_hints_hold_look_by_look(traces) -> None:
+    """Replayed with every look taken, each hint a baseline gives holds at the looks after it."""
+    for name in ("greedy", "uniform_progress", "last_attempt_on_demand", "on_demand"):
+        for observe in OBSERVE:
+            p = _Counting(get_policy(name))
+            for job in _jobs():
+                for tr in traces[:12]:
+                    p.promise = None
+                    replay(p, tr, job, observe=observe, fast=False)  # type: ignore[arg-type]
+
+
+def test_the_module_switch_and_the_default() -> None:
+    tr = Trace("x", TICK, np.array([True] * 50 + [False] * 30 + [True] * 100))
+    job = JobSpec(10 * HOUR, 14 * HOUR, 720.0, tick_s=TICK)
+    counted = _Counting(get_policy("greedy"))
+    replay(counted, tr, job, observe="oracle")  # type: ignore[arg-type]
+    fast_calls = counted.calls
+    old = engine.FAST
+    try:
+        engine.FAST = False
+        counted.calls = 0
+        replay(counted, tr, job, observe="oracle")  # type: ignore[arg-type]
+    finally:
+        engine.FAST = old
+    assert fast_calls < 10 < counted.calls
+
+
+def test_observation_maker_equals_the_class() -> None:
+    values = (1.0, 2.0, Capacity.SPOT, True, 3.0, 4, 5.0, 6.0, 7.0, None, 8.0, False, "probe", True)
+    built = engine._observation(*values)
+    assert built == Observation(*values) and type(built) is Observation
+    assert tuple(f.name for f in fields(Observation)) == engine._OBS_FIELDS
