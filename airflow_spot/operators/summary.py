@@ -53,9 +53,15 @@ class Report:
                 "final_checkpoint": None if final is None else self._final(final),
                 "decisions": st.decisions,
                 "decisions_dropped": st.decisions_dropped,
+                "observe": st.observe,
+                "spot_signal": spot_signal(st, now, self._fresh_s()),
             }
         )
         return out
+
+    def _fresh_s(self) -> float:
+        """Wall seconds a fact stays "seen now": one look (as the turn counts it)."""
+        return min(self.args.poll_interval, self.args.decision_interval.total_seconds())
 
     def _attempt(self, a: AttemptRecord) -> dict[str, Any]:
         st = self.state
@@ -75,6 +81,8 @@ class Report:
             "step_start": a.step_start,
             "step_end": a.step_end,
             "checkpoint_step_end": a.ckpt_step_end,
+            **({} if a.ready_at is None else {"ready_h": hours(a.ready_at)}),
+            **({} if a.handed_to is None else {"handed_to": a.handed_to}),
         }
 
     def _final(self, final: Manifest) -> dict[str, Any]:
@@ -104,6 +112,10 @@ class Report:
         snap["estimated_finish_hours"] = round(
             (obs.now + remaining + extra + obs.changeover_left_s) / HOUR, 4
         )
+        snap["spot_signal"] = spot_signal(self.state, now, self._fresh_s(), obs)
+        snap["probing"] = self.state.probe is not None
+        coming = self.state.coming
+        snap["incoming_attempt"] = None if coming is None else coming.attempt
         self.state.snapshot = snap
 
     def failed_for_good(self, now: float) -> None:
@@ -133,6 +145,45 @@ class Report:
             emit(summary, self.ident.dag_id, self.ident.task_id)
         except Exception as e:  # noqa: BLE001 - metrics must never fail a job
             log.warning("Could not send metrics: %s", e)
+
+
+def spot_signal(
+    st: JobState, now: float, fresh_s: float, obs: Observation | None = None
+) -> dict[str, Any]:
+    """What is known of spot at ``now``: ``state`` ("up", "down" or "unknown"), the
+    ``source`` that showed it, ``seen_at`` (wall time last seen), ``since_hours`` (market hours
+    it has gone unseen: 0 when seen now, None when never seen) and ``last_state`` (as last
+    seen). From the turn's observation when there is one, else from the state (seen within
+    ``fresh_s`` wall seconds counts as seen now)."""
+    seen_at = st.spot_seen_at if st.spot_seen_at is not None else st.last_seen
+    if obs is not None:
+        available, seen, source = obs.spot_available, obs.spot_seen, obs.spot_source
+        unseen_s = obs.spot_unseen_s
+        if seen is None and available is not None:
+            seen = available
+    else:
+        view = st.spot_view(now, fresh_s)
+        available, seen, source = view["available"], view["seen"], view["source"]
+        unseen_s = view["unseen_s"]
+    if seen is None:
+        return {
+            "state": "unknown",
+            "source": "",
+            "seen_at": None,
+            "since_hours": None,
+            "last_state": None,
+        }
+    return {
+        "state": "unknown" if available is None else _updown(available),
+        "source": source or "",
+        "seen_at": seen_at,
+        "since_hours": 0.0 if available is not None else round(unseen_s / HOUR, 4),
+        "last_state": _updown(seen),
+    }
+
+
+def _updown(up: bool) -> str:
+    return "up" if up else "down"
 
 
 def _switches(attempts: list[AttemptRecord], a: str, b: str) -> int:

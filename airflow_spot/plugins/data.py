@@ -51,11 +51,39 @@ def row(
         "savings": summary.get("savings") if state.get("finished") else None,
         "preemptions": state.get("preemptions", 0),
         "work_lost_hours": summary.get("work_lost_hours", 0.0),
+        "observe": summary.get("observe") or state.get("observe") or "",
+        "spot_signal": summary.get("spot_signal"),
+        "spot": signal_text(summary.get("spot_signal"), probing=_probing(state)),
+        "probes": int(summary.get("probes", state.get("probes")) or 0),
+        "probe_cost": summary.get("probe_cost", 0.0),
+        "overlap_hours": summary.get("overlap_hours", 0.0),
         "deadline_met": _deadline_met(state, summary),
         "now": _now(state, live, ti_state),
         "failed": state.get("failed"),
         "updated_at": updated_at.isoformat() if updated_at else None,
     }
+
+
+def signal_text(sig: dict[str, Any] | None, probing: bool = False) -> str:
+    """Spot's signal in a few words: "up · attempt", "down · probe", "unknown 0.7 h · was
+    down (probe)", "unknown · never seen"; "" for a state that has none (an older version's)."""
+    if not isinstance(sig, dict) or not sig.get("state"):
+        return ""
+    state, source = str(sig["state"]), str(sig.get("source") or "")
+    if state != "unknown":
+        text = f"{state} · {source}" if source else state
+    elif sig.get("last_state") is None:
+        text = "unknown · never seen"
+    else:
+        since = sig.get("since_hours")
+        ago = f" {_hours(since)} h" if isinstance(since, (int, float)) else ""
+        src = f" ({source})" if source else ""
+        text = f"unknown{ago} · was {sig['last_state']}{src}"
+    return text + (" · probing" if probing else "")
+
+
+def _hours(h: float) -> str:
+    return f"{h:.2f}".rstrip("0").rstrip(".") if h < 10 else f"{h:.0f}"
 
 
 # task instance states in which no try of the operator runs or waits any more
@@ -73,7 +101,23 @@ def _now(state: dict[str, Any], live: dict[str, Any] | None, ti_state: str | Non
         if live is not None:
             return f"stopped (task {ti_state}); attempt {live.get('attempt')} on {live.get('capacity')} may still run"
         return f"stopped (task {ti_state})"
-    return (live or {}).get("capacity") or "idle"
+    now = (live or {}).get("capacity") or "idle"
+    coming = _coming(state)
+    if coming is not None:  # a make-before-break return: on-demand trains on meanwhile
+        now += f" (spot attempt {coming.get('attempt')} launching)"
+    return now
+
+
+def _coming(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The spot attempt launching while on-demand trains on (None: none, or an older state)."""
+    i, attempts = state.get("incoming"), state.get("attempts") or []
+    if isinstance(i, int) and 0 <= i < len(attempts) and attempts[i].get("ended_at") is None:
+        return attempts[i]
+    return None
+
+
+def _probing(state: dict[str, Any]) -> bool:
+    return bool(state.get("probe")) and not state.get("finished") and not state.get("failed")
 
 
 def load_rows(session: Any, dag_id: str | None = None) -> list[dict[str, Any]]:
