@@ -128,11 +128,15 @@ def family_table(family: str, per_zone: int, workers: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", nargs="*", default=["paper", "aws-p3", "gcp-h100"])
-    ap.add_argument("--per-zone", type=int, default=100)
+    ap.add_argument(
+        "--per-zone",
+        type=int,
+        help="windows per zone (default: 100 per paper environment, 30 per aws-p3 / gcp-h100 zone)",
+    )
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     for fam in args.family:
-        family_table(fam, args.per_zone, args.workers)
+        family_table(fam, args.per_zone or (100 if fam == "paper" else 30), args.workers)
     print()
     for p in POLICIES:
         print(

@@ -8,6 +8,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = [
+    "observe_grid.py",
+    "sim_speed.py",
     "policy_grid.py",
     "generalise.py",
     "paper_gap.py",

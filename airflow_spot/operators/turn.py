@@ -89,24 +89,12 @@ class Turn:
         live = st.live
         if event is not None and event.handle and live and event.handle.same_attempt(live.handle):
             live.handle = event.handle  # what the watcher recorded (node, capacity, notices)
-        oracle = self.capacity.oracle
-        fresh = self._fresh_s()
-        facts = (
-            self.capacity.facts(now, self._settle_s()) if oracle else []
-        )  # the market before the verdicts
-        ended = self.attempt.refresh(now)
-        self.attempt.refresh_coming(now)
-        if not oracle:  # a cluster shows spot through what happened to the job's attempts
-            facts = self.capacity.facts(now, self._settle_s())
-        for up, at, source in facts:
-            st.see_spot(up, now, source, at)
-        if not facts:
-            st.see_spot(None, now)
-        view = st.spot_view(now, fresh)
+        ended, view = self._look(now)
         spot = view["available"]
         if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
             done = self._finish_if_complete(now)
             if done is not None:
+                self.attempt.stop_coming("the work is done")
                 return StepResult(True, summary=done)
         self._check_budgets()
         live = st.live
@@ -128,7 +116,7 @@ class Turn:
                 return StepResult(True, summary=done)
             # the newest valid checkpoint does not hold it yet: keep what runs, look again
             return StepResult(False, wake_at=now + self.args.poll_interval)
-        if not oracle:
+        if not self.capacity.oracle:
             holds_spot = any(
                 a is not None and a.capacity == Capacity.SPOT.value for a in (st.live, st.coming)
             )
@@ -144,6 +132,23 @@ class Turn:
         if st.coming is not None:  # a return to spot: hand over as soon as it is ready
             return StepResult(False, wake_at=now + self.args.poll_interval)
         return StepResult(False, wake_at=now + self.args.decision_interval.total_seconds())
+
+    def _look(self, now: float) -> tuple[Any, dict[str, Any]]:
+        """Read the attempts and what shows spot; returns the attempt that ended (if any) and
+        what the policy may take as known of spot (``JobState.spot_view``)."""
+        st = self.state
+        oracle = self.capacity.oracle
+        # under the oracle the market is read before the verdicts (as it always was)
+        facts = self.capacity.facts(now, self._settle_s()) if oracle else []
+        ended = self.attempt.refresh(now)
+        self.attempt.refresh_coming(now)
+        if not oracle:  # a cluster shows spot through what happened to the job's attempts
+            facts = self.capacity.facts(now, self._settle_s())
+        for up, at, source in facts:
+            st.see_spot(up, now, source, at)
+        if not facts:
+            st.see_spot(None, now)
+        return ended, st.spot_view(now, self._fresh_s())
 
     def _fresh_s(self) -> float:
         """Wall seconds a fact stays "seen now": one look."""

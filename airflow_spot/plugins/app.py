@@ -12,16 +12,10 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user, requires
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
-from airflow_spot.plugins.data import _iso, load_one, load_rows
+from airflow_spot.plugins.data import _iso, load_one, load_rows, signal_text
+from airflow_spot.timeline import COLORS, LABELS, OVERLAP_LABEL, PROBE, color, lanes
 
 app = FastAPI(title="Spot training", dependencies=[Depends(get_user)])
-COLORS = {
-    ("spot", "running"): "#2f9e44",
-    ("spot", "launching"): "#b2f2bb",
-    ("on_demand", "running"): "#e8590c",
-    ("on_demand", "launching"): "#ffc078",
-    ("none", "idle"): "#dee2e6",
-}
 
 
 # a task instance's state is shown only to users who may read that DAG's task instances
@@ -68,7 +62,7 @@ td.l,th.l{text-align:left}.ok{color:#2b8a3e}.bad{color:#c92a2a}</style></head><b
 <span id="stamp" style="margin-left:12px;color:#868e96"></span>
 <table><thead><tr><th class="l">DAG</th><th class="l">run</th><th class="l">task</th><th class="l">state</th><th class="l">now on</th>
 <th>progress</th><th class="l">deadline</th><th class="l">met</th><th>finish (h)</th><th>spot h</th><th>on-demand h</th><th>idle h</th>
-<th>cost</th><th>savings</th><th>preemptions</th><th>work lost h</th><th class="l">timeline</th></tr></thead>
+<th>cost</th><th>savings</th><th>preemptions</th><th>work lost h</th><th class="l">spot</th><th>probes</th><th>overlap h</th><th class="l">timeline</th></tr></thead>
 <tbody id="rows"></tbody></table>
 <script>
 const f = (x, d=2) => x == null ? "" : Number(x).toFixed(d);
@@ -84,7 +78,7 @@ async function load() {
     <td class="l ${x.now == "failed" || x.now.startsWith("stopped") ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
     <td>${f(x.estimated_finish_hours)}</td><td>${f(x.spot_hours)}</td><td>${f(x.on_demand_hours)}</td><td>${f(x.idle_hours)}</td>
     <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${x.savings == null ? "" : f(100 * x.savings, 1) + " %"}</td><td>${Number(x.preemptions)}</td>
-    <td>${f(x.work_lost_hours)}</td><td class="l"><a href="timeline?dag_id=${encodeURIComponent(x.dag_id)}&run_id=${encodeURIComponent(x.run_id)}&task_id=${encodeURIComponent(x.task_id)}&map_index=${Number(x.map_index)}">timeline</a></td></tr>`).join("");
+    <td>${f(x.work_lost_hours)}</td><td class="l spot">${e(x.spot)}</td><td class="probes">${Number(x.probes || 0)}${x.probes ? " ($" + f(x.probe_cost) + ")" : ""}</td><td>${f(x.overlap_hours)}</td><td class="l"><a href="timeline?dag_id=${encodeURIComponent(x.dag_id)}&run_id=${encodeURIComponent(x.run_id)}&task_id=${encodeURIComponent(x.task_id)}&map_index=${Number(x.map_index)}">timeline</a></td></tr>`).join("");
   document.getElementById("stamp").textContent = rows.length + " task instances, updated " + new Date().toLocaleTimeString();
 }
 load(); setInterval(load, 5000); document.getElementById("dag").addEventListener("change", load);
@@ -99,38 +93,70 @@ def page(dag_id: str = "") -> str:
 
 def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     """Segments (spot, on-demand, changeover, idle), preemption marks, checkpoints, the progress
-    curve and the deadline line, in market hours."""
+    curve and the deadline line, in market hours. Segments at the same time as the main bar's
+    (capacity a probe found and did not use, a spot attempt launching while on-demand trains
+    on) get lanes below it; on-demand's make-before-break overlap is hatched; a legend ends it."""
     summary = state.get("finished") or state.get("snapshot") or {}
-    segs = summary.get("segments") or []
+    segs = [s for s in summary.get("segments") or [] if isinstance(s, dict)]
+    lane = lanes(segs)
+    extra = LANE_H * max(lane, default=0)  # room for the lanes below the main bar
     deadline = summary.get("deadline_hours") or 1.0
-    end = max([deadline] + [s["end_s"] / 3600 for s in segs])
+    end = max([deadline] + [_h(s, "end_s") for s in segs])
     work = max(
         [1e-9]
-        + [s["progress_end_s"] / 3600 for s in segs]
+        + [_h(s, "progress_end_s") for s in segs]
         + [summary.get("on_demand_cost", 0) / max(summary.get("on_demand_price", 3.06), 1e-9)]
     )
     x = lambda h: 40 + (width - 60) * h / end  # noqa: E731
-    y = lambda w: 190 - 140 * w / work  # noqa: E731
+    y = lambda w: 190 + extra - 140 * w / work  # noqa: E731
+    height = 240 + extra
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="220" font-size="11">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-size="11">',
+        "<defs>"
+        '<pattern id="hatch-probe" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#5f3dc4" '
+        'stroke-width="2"/></pattern>'
+        '<pattern id="hatch-overlap" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(-45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#495057" '
+        'stroke-width="1.5"/></pattern></defs>',
         f'<rect x="40" y="10" width="{width - 60}" height="24" fill="#f8f9fa"/>',
     ]
-    for s in segs:
-        color = COLORS.get((s["capacity"], s["phase"]), "#adb5bd")
-        x0, x1 = x(s["start_s"] / 3600), x(s["end_s"] / 3600)
+    for s, k in zip(segs, lane, strict=True):
+        cap, phase = str(s.get("capacity")), str(s.get("phase"))
+        x0, x1 = x(_h(s, "start_s")), x(_h(s, "end_s"))
+        top, tall = (10, 24) if k == 0 else (36 + LANE_H * (k - 1), LANE_H - 2)
+        w = max(x1 - x0, 0.5)
+        price = s.get("price_per_h") or 0
+        what = (
+            "probe (found, not used)"
+            if phase == PROBE
+            else f"{cap} {phase}" + (" (make-before-break overlap)" if s.get("overlap") else "")
+        )
         label = html.escape(
-            f"{s['capacity']} {s['phase']} {s['start_s'] / 3600:.2f}-{s['end_s'] / 3600:.2f} h {s.get('pool') or ''} ${s.get('price_per_h', 0):.2f}/h"
+            f"{what} {_h(s, 'start_s'):.2f}-{_h(s, 'end_s'):.2f} h {s.get('pool') or ''} "
+            f"${float(price):.2f}/h"
         )
+        classes = html.escape(f"seg {cap} {phase}" + (" overlap" if s.get("overlap") else ""))
         parts.append(
-            f'<rect class="seg {html.escape(str(s["capacity"]))} {html.escape(str(s["phase"]))}" x="{x0:.1f}" y="10" width="{max(x1 - x0, 0.5):.1f}" height="24" fill="{color}"><title>{label}</title></rect>'
+            f'<rect class="{classes}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{tall}" '
+            f'fill="{color(s)}"><title>{label}</title></rect>'
         )
+        if phase == PROBE or s.get("overlap"):
+            hatch = "hatch-probe" if phase == PROBE else "hatch-overlap"
+            parts.append(
+                f'<rect class="{hatch}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{tall}" '
+                f'fill="url(#{hatch})" pointer-events="none"/>'
+            )
         if s.get("ended_by") == "preempted":
             parts.append(
-                f'<path class="preemption" d="M{x1:.1f},8 l-5,-7 h10 z" fill="#c92a2a"><title>preempted at {s["end_s"] / 3600:.2f} h</title></path>'
+                f'<path class="preemption" d="M{x1:.1f},{top - 2} l-5,-7 h10 z" fill="#c92a2a">'
+                f"<title>preempted at {_h(s, 'end_s'):.2f} h</title></path>"
             )
-    pts = " ".join(
-        f"{x(s['start_s'] / 3600):.1f},{y(s['progress_start_s'] / 3600):.1f} {x(s['end_s'] / 3600):.1f},{y(s['progress_end_s'] / 3600):.1f}"
-        for s in segs
+    main = sorted((s for s, k in zip(segs, lane, strict=True) if k == 0), key=_start)
+    pts = " ".join(  # the job's own progress (a probe's capacity makes none)
+        f"{x(_h(s, 'start_s')):.1f},{y(_h(s, 'progress_start_s')):.1f} "
+        f"{x(_h(s, 'end_s')):.1f},{y(_h(s, 'progress_end_s')):.1f}"
+        for s in main
     )
     parts.append(
         f'<polyline class="progress" points="{pts}" fill="none" stroke="#1c7ed6" stroke-width="2"/>'
@@ -138,17 +164,63 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     for a in summary.get("attempts") or []:
         if a.get("checkpoint_step_end") and a.get("end_h") is not None:
             parts.append(
-                f'<circle class="checkpoint" cx="{x(a["end_h"]):.1f}" cy="42" r="3" fill="#5c7cfa"><title>checkpoint step {int(a["checkpoint_step_end"])}</title></circle>'
+                f'<circle class="checkpoint" cx="{x(a["end_h"]):.1f}" cy="{42 + extra}" r="3" '
+                f'fill="#5c7cfa"><title>checkpoint step {int(a["checkpoint_step_end"])}</title></circle>'
             )
     parts.append(
-        f'<line class="deadline" x1="{x(deadline):.1f}" y1="5" x2="{x(deadline):.1f}" y2="200" stroke="black" stroke-dasharray="4 3"/>'
+        f'<line class="deadline" x1="{x(deadline):.1f}" y1="5" x2="{x(deadline):.1f}" y2="{200 + extra}" stroke="black" stroke-dasharray="4 3"/>'
     )
-    parts.append(f'<text x="{x(deadline) + 3:.1f}" y="205">deadline {deadline:.1f} h</text>')
+    dx = x(deadline)
+    near_end = dx > width - 90  # the label goes left of the line, inside the picture
+    anchor = ' text-anchor="end"' if near_end else ""
     parts.append(
-        f'<line x1="40" y1="190" x2="{width - 20}" y2="190" stroke="#868e96"/><text x="40" y="215">0 h</text>'
+        f'<text x="{dx - 3 if near_end else dx + 3:.1f}" y="{205 + extra}"{anchor}>'
+        f"deadline {deadline:.1f} h</text>"
     )
-    parts.append(f'<text x="{width - 60}" y="215">{end:.1f} h</text></svg>')
+    parts.append(
+        f'<line x1="40" y1="{190 + extra}" x2="{width - 20}" y2="{190 + extra}" stroke="#868e96"/>'
+        f'<text x="40" y="{215 + extra}">0 h</text>'
+    )
+    parts.append(f'<text x="{width - 60}" y="{215 + extra}">{end:.1f} h</text>')
+    parts.append(_legend(230 + extra))
+    parts.append("</svg>")
     return "".join(parts)
+
+
+LANE_H = 12  # pixels per lane below the main bar
+
+
+def _legend(top: int) -> str:
+    """One row: each colour, the two hatches and the preemption mark, with their names."""
+    items: list[tuple[str, str | None, str]] = [
+        (c, None, label) for c, label in zip(COLORS.values(), LABELS, strict=True)
+    ]
+    items[-1] = (COLORS[("spot", PROBE)], "hatch-probe", LABELS[-1])
+    items.append((COLORS[("on_demand", "running")], "hatch-overlap", OVERLAP_LABEL))
+    out, cx = ['<g class="legend" font-size="10">'], 40.0
+    for fill, hatch, label in items:
+        out.append(f'<rect x="{cx:.0f}" y="{top - 9}" width="12" height="10" fill="{fill}"/>')
+        if hatch:
+            out.append(
+                f'<rect x="{cx:.0f}" y="{top - 9}" width="12" height="10" fill="url(#{hatch})"/>'
+            )
+        out.append(f'<text x="{cx + 15:.0f}" y="{top}">{html.escape(label)}</text>')
+        cx += 20 + 6.3 * len(label)  # about a character's width at 10 px
+    out.append(
+        f'<path d="M{cx + 5:.0f},{top} l-5,-8 h10 z" fill="#c92a2a"/>'
+        f'<text x="{cx + 14:.0f}" y="{top}">preemption</text></g>'
+    )
+    return "".join(out)
+
+
+def _h(s: dict[str, Any], key: str) -> float:
+    """A segment's time (seconds) in hours (0 where a stored segment lacks it)."""
+    v = s.get(key)
+    return float(v) / 3600 if isinstance(v, (int, float)) else 0.0
+
+
+def _start(s: dict[str, Any]) -> float:
+    return _h(s, "start_s")
 
 
 @app.get("/timeline", response_class=HTMLResponse, dependencies=CAN_READ_TI)
@@ -167,13 +239,19 @@ def timeline(
         if state.get("finished") or state.get("failed")
         else '<meta http-equiv="refresh" content="5">'
     )
-    log = "".join(
-        f'<tr><td>{d.get("market_h", 0):.2f} h</td><td>{html.escape(d["capacity"])}</td><td class="l">{html.escape(d["reason"])}</td></tr>'
-        for d in reversed(state.get("decisions") or [])
+    log = (
+        '<tr><th>market h</th><th>capacity</th><th class="l">spot</th><th class="l">reason</th></tr>'
+        + "".join(
+            f"<tr><td>{float(d.get('market_h') or 0):.2f} h</td>"
+            f"<td>{html.escape(str(d.get('capacity') or ''))}</td>"
+            f'<td class="l spot">{html.escape(str(d.get("spot") or ""))}</td>'
+            f'<td class="l">{html.escape(str(d.get("reason") or ""))}</td></tr>'
+            for d in reversed(state.get("decisions") or [])
+        )
     )
     if state.get("decisions_dropped"):
         log += (
-            f'<tr><td colspan="3">{int(state["decisions_dropped"])} earlier decisions not kept '
+            f'<tr><td colspan="4">{int(state["decisions_dropped"])} earlier decisions not kept '
             f"(the log keeps the last {len(state.get('decisions') or [])})</td></tr>"
         )
     figures = (
@@ -184,12 +262,27 @@ def timeline(
         f"deadline {html.escape(_iso(state.get('deadline_at')) or '?')}: "
         + _verdict(state, summary)
     )
+    spot = _spot_figures(state, summary)
     return (
         f'<!doctype html><html><head><meta charset="utf-8">{refresh}<title>Spot timeline</title>'
-        "<style>body{font:13px system-ui,sans-serif;margin:16px}td{padding:2px 8px;border-bottom:1px solid #eee}</style></head><body>"
+        "<style>body{font:13px system-ui,sans-serif;margin:16px}td{padding:2px 8px;border-bottom:1px solid #eee}th.l{text-align:left}</style></head><body>"
         f'<h3>{html.escape(dag_id)} / {html.escape(run_id)} / {html.escape(task_id)}</h3><p id="figures">{figures}</p>'
-        f'{timeline_svg(state)}<h4>Decisions</h4><table id="decisions">{log}</table></body></html>'
+        f'<p id="spot">{spot}</p>{timeline_svg(state)}<h4>Decisions</h4><table id="decisions">{log}</table></body></html>'
     )
+
+
+def _spot_figures(state: dict[str, Any], summary: dict[str, Any]) -> str:
+    """What is known of spot, the probes and the make-before-break overlap (HTML, escaped)."""
+    live = not state.get("finished") and not state.get("failed")
+    text = signal_text(summary.get("spot_signal"), probing=live and bool(state.get("probe")))
+    observe = summary.get("observe") or state.get("observe") or ""
+    probes = summary.get("probes", state.get("probes"))
+    out = [f"spot <b>{html.escape(text or 'not recorded')}</b>"]
+    if observe:
+        out[0] += f" (observed: {html.escape(str(observe))})"
+    out.append(f"probes <b>{int(probes or 0)}</b> (${float(summary.get('probe_cost') or 0):.2f})")
+    out.append(f"make-before-break overlap {float(summary.get('overlap_hours') or 0):.2f} h")
+    return ", ".join(out)
 
 
 def _pct(share: float | None) -> str:

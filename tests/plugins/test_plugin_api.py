@@ -355,3 +355,247 @@ def test_the_decision_log_says_what_it_did_not_keep(monkeypatch) -> None:
     monkeypatch.setattr(app, "load_one", lambda *a: state)
     page = app.timeline(None, "d", "r", "t")
     assert "1234 earlier decisions not kept (the log keeps the last 1)" in page
+
+
+# -- what is known of spot, probes and make-before-break returns (issue 19) -------------------
+
+T0 = 1_800_000_000.0
+H = 3600.0
+
+
+def _report(state):
+    from datetime import timedelta
+
+    from airflow_spot.operators.job import JobArgs, TaskIdentity
+    from airflow_spot.operators.summary import Report
+
+    args = JobArgs(
+        command=("true",),
+        checkpoint_uri="file:///tmp/ckpt",
+        expected_compute=timedelta(hours=4),
+        total_steps=400,
+        changeover=timedelta(minutes=6),
+        policy="greedy",
+        spot_price=1.0,
+        on_demand_price=3.0,
+        max_preemptions=None,
+        on_preemption_budget="fallback",
+        max_failures=3,
+        decision_interval=timedelta(minutes=5),
+        poll_interval=30.0,
+    )
+    return Report(args, TaskIdentity("d", "train", "r"), state)
+
+
+def _handed_over_state():
+    """On-demand trains 0-3 h and hands over to spot attempt 2 (granted at 2.5 h, ready at
+    3 h: half an hour of make-before-break overlap); two probes found capacity not used."""
+    from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
+
+    st = JobState(started_at=T0, deadline_at=T0 + 10 * H, total_steps=400, observe="cluster")
+    st.attempts = [
+        AttemptRecord(
+            1,
+            "on_demand",
+            AttemptHandle(run_dir="/a1"),
+            launched_at=T0,
+            granted_at=T0,
+            started_at=T0 + 0.1 * H,
+            ended_at=T0 + 3 * H,
+            outcome="cancelled",
+            reason="handed over to spot attempt 2 (make-before-break)",
+            step_end=300,
+            ckpt_step_end=300,
+            price=3.0,
+            handed_to=2,
+        ),
+        AttemptRecord(
+            2,
+            "spot",
+            AttemptHandle(run_dir="/a2"),
+            launched_at=T0 + 2.4 * H,
+            granted_at=T0 + 2.5 * H,
+            started_at=T0 + 3 * H,
+            step_start=300,
+            price=1.0,
+            ready_at=T0 + 3 * H,
+        ),
+    ]
+    st.current = 1
+    st.probes = 3
+    st.probe_found = [[T0 + 1 * H, 0.1 * H, 1.0], [T0 + 2 * H, 0.1 * H, 1.0]]
+    st.see_spot(True, T0 + 3.5 * H, "attempt")
+    st.record_decision(T0 + 3.5 * H, "spot", "spot is up: keep it", 350, spot="up (attempt)")
+    st.decisions.insert(0, {"at": T0, "market_h": 0.0, "capacity": "on_demand", "reason": "old"})
+    return st
+
+
+def test_probes_and_overlap_show_in_the_summary_the_row_and_the_page(monkeypatch) -> None:
+    """Probes asked, the capacity they found (billed at the spot price) and the on-demand hours
+    of a make-before-break return reach the summary, the runs table's JSON and the task page;
+    the timeline draws the probes on a lane of their own and hatches the overlap."""
+    from airflow_spot.operators.summary import xcom_summary
+    from airflow_spot.plugins import app
+    from airflow_spot.plugins.data import row
+
+    st = _handed_over_state()
+    report = _report(st)
+    summary = report.unfinished(T0 + 3.5 * H, deadline_met=None)
+    assert summary["probes"] == 3 and summary["probe_cost"] == pytest.approx(0.2)
+    assert summary["overlap_hours"] == pytest.approx(0.5)
+    assert summary["observe"] == "cluster"
+    assert summary["spot_signal"] == {
+        "state": "up",
+        "source": "attempt",
+        "seen_at": T0 + 3.5 * H,
+        "since_hours": 0.0,
+        "last_state": "up",
+    }
+    a1, a2 = summary["attempts"]
+    assert a1["handed_to"] == 2 and "ready_h" not in a1
+    assert a2["ready_h"] == 3.0 and "handed_to" not in a2
+    # the spot hours leave the probes out; the cost holds them
+    assert summary["spot_hours"] == pytest.approx(1.0) and summary["work_lost_hours"] == 0
+    xcom = xcom_summary({**summary, "decisions": st.decisions})
+    for key in ("probes", "probe_cost", "overlap_hours", "observe", "spot_signal"):
+        assert xcom[key] == summary[key], key
+    assert xcom["attempts"][0]["handed_to"] == 2
+
+    st.snapshot = summary
+    state = st.to_dict()
+    got = row("d", "r", "train", -1, "running", state, None)
+    assert (got["probes"], got["probe_cost"], got["overlap_hours"]) == (3, 0.2, 0.5)
+    assert got["spot"] == "up · attempt" and got["observe"] == "cluster"
+
+    monkeypatch.setattr(app, "load_one", lambda *a: state)
+    page = app.timeline(None, "d", "r", "train")
+    assert "probes <b>3</b> ($0.20)" in page
+    assert "make-before-break overlap 0.50 h" in page
+    assert "spot <b>up · attempt</b> (observed: cluster)" in page
+    assert page.count('class="seg spot probe"') == 2
+    assert page.count('class="hatch-probe"') == 2
+    assert 'class="seg on_demand running overlap"' in page
+    assert "probe (found, not used)" in page and "make-before-break overlap</text>" in page
+    # the probes sit below the main bar, not on it
+    probe_y = {
+        part.split('y="')[1].split('"')[0]
+        for part in page.split("<rect ")
+        if part.startswith('class="seg spot probe"')
+    }
+    assert probe_y == {"36"}
+    table = app.PAGE
+    for head in ('<th class="l">spot</th>', "<th>probes</th>", "<th>overlap h</th>"):
+        assert head in table
+    assert "e(x.spot)" in table  # the signal is escaped in the table
+
+
+def test_the_decision_table_shows_spots_signal(monkeypatch) -> None:
+    """Each decision's ``spot`` text has a column; an older entry without one leaves it
+    empty; every text is escaped."""
+    from airflow_spot.plugins import app
+
+    state = {
+        "deadline_at": 7200.0,
+        "decisions": [
+            {"market_h": 0.5, "capacity": "on_demand", "reason": "older entry"},
+            {
+                "market_h": 1.0,
+                "capacity": "spot",
+                "reason": "spot <is> back",
+                "spot": "unknown for 0.70 h (down when last seen (probe))",
+            },
+        ],
+        "finished": {"cost": 1.0, "segments": [], "spot_signal": {"state": "weird <x>"}},
+    }
+    monkeypatch.setattr(app, "load_one", lambda *a: state)
+    page = app.timeline(None, "d", "r", "t")
+    assert '<th class="l">spot</th>' in page
+    assert (
+        '<td class="l spot">unknown for 0.70 h (down when last seen (probe))</td>'
+        '<td class="l">spot &lt;is&gt; back</td>'
+    ) in page
+    assert '<td class="l spot"></td><td class="l">older entry</td>' in page
+    assert "weird &lt;x&gt;" in page and "<x>" not in page
+
+
+def test_an_old_state_still_summarises_and_renders(monkeypatch) -> None:
+    """A state an earlier version stored (no observe, probes, spot_seen_at, handed_to...)
+    summarises, and its stored summary (no spot signal, probes or overlap) shows in the row
+    and the page, with segments of a phase this version does not know."""
+    from airflow_spot.jobstate import JobState
+    from airflow_spot.operators.summary import xcom_summary
+    from airflow_spot.plugins import app
+    from airflow_spot.plugins.data import row
+
+    fixtures = Path(__file__).parents[1] / "fixtures" / "upgrade"
+    for run in ("local_run", "kubernetes_run"):
+        stored = json.loads((fixtures / run / "jobstate_finished.json").read_text())
+        assert "observe" not in stored and "probes" not in stored
+        st = JobState.from_dict(json.loads(json.dumps(stored)))
+        end = max(a.ended_at or a.launched_at for a in st.attempts)
+        summary = _report(st).summary(end, None)
+        assert summary["observe"] == "oracle" and summary["probes"] == 0
+        assert summary["probe_cost"] == 0 and summary["overlap_hours"] == 0
+        sig = summary["spot_signal"]
+        assert sig["state"] in ("up", "down") and sig["seen_at"] == stored["last_seen"]
+        assert all("handed_to" not in a and "ready_h" not in a for a in summary["attempts"])
+        assert xcom_summary(summary)["spot_signal"] == sig
+
+        got = row("d", "r", "train", -1, "success", stored, None)
+        assert got["spot"] == "" and got["probes"] == 0
+        assert (got["probe_cost"], got["overlap_hours"]) == (0.0, 0.0)
+        odd = {**stored["finished"]["segments"][0], "phase": "later<phase>", "overlap": None}
+        state = {
+            **stored,
+            "finished": {
+                **stored["finished"],
+                "segments": [*stored["finished"]["segments"], odd],
+            },
+        }
+        monkeypatch.setattr(app, "load_one", lambda *a, s=state: s)
+        page = app.timeline(None, "d", "r", "train")
+        assert "spot <b>not recorded</b>" in page and "probes <b>0</b> ($0.00)" in page
+        assert "later&lt;phase&gt;" in page and "later<phase>" not in page
+
+
+def test_the_snapshot_says_spot_is_unknown_when_long_unseen() -> None:
+    """Spot last seen down (by a probe) 0.7 market hours before the look: the live snapshot
+    says unknown, for how long and what it was; the row says it in a few words."""
+    from airflow_spot.jobstate import JobState
+    from airflow_spot.plugins.data import row
+    from airflow_spot.policy import JobSpec, Observation
+
+    st = JobState(started_at=T0, deadline_at=T0 + 10 * H, time_scale=2.0, observe="cluster")
+    st.see_spot(False, T0 + 0.5 * H, "probe")
+    now = T0 + 0.85 * H  # 0.35 wall hours later: 0.7 market hours
+    view = st.spot_view(now, 30.0)
+    assert view["available"] is None
+    obs = Observation(
+        now=st.market_s(now),
+        done_s=0.0,
+        spot_available=None,
+        spot_unseen_s=view["unseen_s"],
+        spot_seen=view["seen"],
+        spot_source=view["source"],
+    )
+    job = JobSpec(work_s=4 * H, deadline_s=st.deadline_s, changeover_s=360.0)
+    _report(st).snapshot(now, job, obs)
+    sig = st.snapshot["spot_signal"]
+    assert sig == {
+        "state": "unknown",
+        "source": "probe",
+        "seen_at": T0 + 0.5 * H,
+        "since_hours": 0.7,
+        "last_state": "down",
+    }
+    # the state alone (no observation) says the same
+    assert _report(st).summary(now, None)["spot_signal"] == sig
+    got = row("d", "r", "t", -1, "running", st.to_dict(), None)
+    assert got["spot"] == "unknown 0.7 h · was down (probe)"
+    st.probe = {"started_at": now, "pool": "a"}
+    assert row("d", "r", "t", -1, "running", st.to_dict(), None)["spot"].endswith("· probing")
+    never = JobState(started_at=T0, deadline_at=T0 + H)
+    assert _report(never).summary(T0, None)["spot_signal"]["state"] == "unknown"
+    assert row("d", "r", "t", -1, None, {"snapshot": {"spot_signal": {"state": "unknown"}}}, None)[
+        "spot"
+    ] == ("unknown · never seen")
