@@ -59,7 +59,7 @@ from airflow_spot.simulate.traces import Trace
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
 
 
-OBSERVE = ("cluster", "oracle")
+OBSERVE = ("cluster", "oracle", "cluster-bbm")  # the last: an ablation (benchmarks only)
 _EXACT = float(1 << 52)  # whole numbers of seconds below this add up exactly
 FAST = True  # fast-forward steady stretches (see the module's notes); replay(fast=...) overrides
 
@@ -249,14 +249,17 @@ def replay(
     """Replay ``policy`` on ``trace`` for ``job``; ticks are the trace's ``gap_s``.
 
     ``observe``: ``"cluster"`` (what a cluster shows) or ``"oracle"`` (the paper's model); see
-    the module's notes. ``probe_hold_s``: how long capacity a probe found and the job did not
+    the module's notes; ``"cluster-bbm"``: the cluster's view with break-before-make returns,
+    an ablation). ``probe_hold_s``: how long capacity a probe found and the job did not
     use is billed (default: the job's changeover). ``fast``: fast-forward steady stretches
     where the policy offers a hint (default :data:`FAST`; off, every look is taken)."""
     if observe not in OBSERVE:
         raise ValueError(f"observe={observe!r}: choose one of {', '.join(OBSERVE)}")
     steady = getattr(policy, "steady", None) if (FAST if fast is None else fast) else None
-    if observe == "cluster":
-        return _replay_cluster(policy, trace, job, use_trace_prices, probe_hold_s, steady)
+    if observe != "oracle":
+        return _replay_cluster(
+            policy, trace, job, use_trace_prices, probe_hold_s, steady, observe == "cluster"
+        )
     gap = trace.gap_s
     if abs(job.tick_s - gap) > 1e-9:
         raise ValueError(f"job.tick_s={job.tick_s} must equal the trace's tick {gap}")
@@ -373,8 +376,11 @@ def _replay_cluster(
     use_trace_prices: bool,
     probe_hold_s: float | None,
     steady: Callable[[JobSpec, Observation, Decision], int] | None = None,
+    make_before_break: bool = True,
 ) -> RunResult:
-    """:func:`replay` under ``observe="cluster"`` (the rules are in the module's notes)."""
+    """:func:`replay` under ``observe="cluster"`` (the rules are in the module's notes);
+    ``make_before_break=False`` (``observe="cluster-bbm"``, an ablation for the benchmarks):
+    the same view of spot, but a return stops on-demand when the spot launch starts."""
     gap = trace.gap_s
     if abs(job.tick_s - gap) > 1e-9:
         raise ValueError(f"job.tick_s={job.tick_s} must equal the trace's tick {gap}")
@@ -459,7 +465,7 @@ def _replay_cluster(
         looked, looking = looking, ""
         if req is SPOT and cur is not SPOT:
             if has:  # granted now (a found request or probe becomes the launch)
-                if cur is OD and d > 0:
+                if cur is OD and d > 0 and make_before_break:
                     overlap = True
                 seg.close("handover" if cur is OD else "switched")
                 cur, rro = SPOT, d
@@ -539,7 +545,7 @@ def _replay_cluster(
         finished_h=t * gap / 3600.0,
         on_demand_cost=ledger.on_demand_cost,
         ledger=ledger,
-        observe="cluster",
+        observe="cluster" if make_before_break else "cluster-bbm",
         probes=probes,
         probe_cost=ledger.probe_cost,
         overlap_hours=overlap_s / 3600.0,

@@ -147,3 +147,11 @@ def test_deadline_aware_reads_its_belief_while_spot_is_unseen() -> None:
     assert "%" in d.reason
     with pytest.raises(ValueError, match="observe"):
         replay(da, _trace((True, 10)), job, observe="psychic")
+
+
+def test_the_break_before_make_ablation_sees_as_a_cluster_but_returns_as_the_paper() -> None:
+    p = Script(lambda o: Decision(SPOT if o.now >= 12 * 600 else OD, "x"))
+    bbm = replay(p, _trace((True, 300)), JOB, observe="cluster-bbm")
+    mbb = replay(p, _trace((True, 300)), JOB)
+    assert bbm.observe == "cluster-bbm" and bbm.overlap_hours == 0.0
+    assert bbm.finished_h == pytest.approx(mbb.finished_h + 0.2, abs=600 / HOUR)
