@@ -87,6 +87,14 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request):
         plural = request.resource.plural if request.resource is not None else None
+        if request.action == kmock.action.DELETE and plural == "pods" and request.name:
+            # FakeCloud(kube=...): the container is stopped (SIGTERM, its grace) before the pod
+            # goes, as a kubelet does while the pod is Terminating
+            grace = request.params.get("gracePeriodSeconds")
+            for hook in getattr(self, "pod_delete_hooks", ()):
+                await asyncio.to_thread(
+                    hook, request.namespace, request.name, None if grace is None else int(grace)
+                )
         if plural and {plural, f"{plural}/{request.namespace}"} & set(self.forbidden):
             raise kmock.KubernetesError(
                 status=403,
@@ -306,7 +314,11 @@ class FakeCloud:
       while spot cannot be had, a refused pod gets ``NotTriggerScaleUp ... in backoff``, and a
       pod waiting for its node ``TriggeredScaleUp``;
     * ``node_launch_delay_s``: a pod waits this long for its node;
-    * ``gpus_per_node``: each node's allocatable ``nvidia.com/gpu``.
+    * ``gpus_per_node``: each node's allocatable ``nvidia.com/gpu``;
+    * ``kube``: the :class:`FakeKube` serving ``kubeconfig``: a pod deleted with a grace period
+      is then stopped as a kubelet stops it (SIGTERM, then SIGKILL after the grace, at most
+      ``grace_s``) before the API answers; without it the container is killed once the pod
+      is seen gone.
 
     A probe (label ``airflow-spot/probe=true``) runs nothing: while spot can be had it gets a
     node of its own (labelled with its node selector) and is bound there; once it is deleted,
@@ -328,6 +340,7 @@ class FakeCloud:
         autoscaler_group: str | None = None,
         node_launch_delay_s: float = 0.0,
         gpus_per_node: int = 0,
+        kube: FakeKube | None = None,
     ) -> None:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
@@ -359,6 +372,9 @@ class FakeCloud:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._n = itertools.count(1)
+        if kube is not None:
+            em = kube.emulator
+            em.pod_delete_hooks = [*getattr(em, "pod_delete_hooks", ()), self._stop_container]
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> FakeCloud:
@@ -380,6 +396,18 @@ class FakeCloud:
             except Exception as e:  # noqa: BLE001 - keep the cluster alive; tests see the effects
                 print(f"fake cloud step failed: {e!r}")
             _time.sleep(0.05)
+
+    def _stop_container(self, namespace: str, name: str, grace: int | None) -> None:
+        """A pod is being deleted: SIGTERM, up to its grace (at most ``grace_s``), SIGKILL."""
+        proc = self.procs.get(name)
+        if namespace != self.ns or proc is None or proc.poll() is not None:
+            return
+        if grace is None or grace > 0:
+            self._kill(proc, _signal.SIGTERM)
+            with contextlib.suppress(_subprocess.TimeoutExpired):
+                proc.wait(min(self.grace_s, 30.0 if grace is None else float(grace)))
+        self._kill(proc, _signal.SIGKILL)
+        proc.wait()
 
     # -- one step ---------------------------------------------------------------------------
     def step(self) -> None:
@@ -478,6 +506,8 @@ class FakeCloud:
         podinfo = self.workdir / name
         podinfo.mkdir(parents=True, exist_ok=True)
         env["AIRFLOW_SPOT_NOTICE_ANNOTATIONS"] = str(podinfo / "annotations")
+        if "AIRFLOW_SPOT_HOLD" in env:  # a held pod waits on the same (downward-API) file
+            env["AIRFLOW_SPOT_HOLD"] = str(podinfo / "annotations")
         self._write_annotations(pod, podinfo)
         log = open(podinfo / "container.log", "ab")  # noqa: SIM115
         self.procs[name] = _subprocess.Popen(

@@ -46,8 +46,12 @@ ENV = {
     "capacity": "AIRFLOW_SPOT_CAPACITY",
     "attempt": "AIRFLOW_SPOT_ATTEMPT",
     "notice_annotations": "AIRFLOW_SPOT_NOTICE_ANNOTATIONS",  # Kubernetes: downward-API annotations file
+    # Kubernetes, a make-before-break return: the annotations file to wait on (HOLD_ANNOTATION)
+    "hold": "AIRFLOW_SPOT_HOLD",
 }
 NOTICE_ANNOTATION = "airflow-spot/preemption-notice"
+HOLD_ANNOTATION = "airflow-spot/hold"  # "wait" while held, "go" once released
+HOLD_POLL_S = 0.2
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: "stopped on request after saving"
 CONFIG_EXIT = 78  # sysexits' EX_CONFIG: the operator fails the task at once, without retries
 T = TypeVar("T")
@@ -81,6 +85,7 @@ class TrainingSession:
         notice_file: str | None = None,
         progress_file: str | None = None,
         annotations_file: str | None = None,
+        hold_file: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if total_steps < 1 or save_every < 1:
@@ -91,6 +96,8 @@ class TrainingSession:
         self.notice_file = Path(notice_file) if notice_file else None
         self.progress_file = Path(progress_file) if progress_file else None
         self.annotations_file = Path(annotations_file) if annotations_file else None
+        # held (a make-before-break return): nothing is read or written until released
+        self.hold_file = Path(hold_file) if hold_file else None
         self.clock = clock
         self.stop_requested = False
         self.last_saved: int | None = None
@@ -119,6 +126,7 @@ class TrainingSession:
             notice_file=os.environ.get(ENV["notice_file"]),
             progress_file=os.environ.get(ENV["progress_file"]),
             annotations_file=os.environ.get(ENV["notice_annotations"]),
+            hold_file=os.environ.get(ENV["hold"]),
         )
         session.install_signal_handler()
         return session
@@ -130,9 +138,27 @@ class TrainingSession:
 
         signal.signal(signal.SIGTERM, on_term)
 
+    def wait_for_release(self) -> None:
+        """A held attempt (a make-before-break return: ``AIRFLOW_SPOT_HOLD`` names the pod's
+        annotations file) waits, reading and writing nothing, until the file shows
+        ``airflow-spot/hold="go"``: the attempt it replaces has checkpointed and stopped. A
+        SIGTERM meanwhile exits as a preempted attempt does (:data:`PREEMPTED_EXIT`), saving
+        nothing. Called by :meth:`resume`, :meth:`resume_to` and :meth:`step_done`."""
+        if self.hold_file is None:
+            return
+        log.info("Held (make-before-break): waiting for %s to be released.", HOLD_ANNOTATION)
+        while _annotation(self.hold_file, HOLD_ANNOTATION) != "go":
+            if self.stop_requested:
+                log.warning("SIGTERM while held: exiting with %d, nothing saved.", PREEMPTED_EXIT)
+                sys.exit(PREEMPTED_EXIT)
+            time.sleep(HOLD_POLL_S)
+        log.info("Released: resuming from the newest checkpoint.")
+        self.hold_file = None
+
     @_exit_on_config_error
     def resume(self) -> tuple[int, dict[str, bytes] | None]:
         """(step to start from, files of the latest valid checkpoint or None), in memory."""
+        self.wait_for_release()
         return self._resumed(self.checkpoints.load_latest())
 
     @_exit_on_config_error
@@ -140,6 +166,7 @@ class TrainingSession:
         """(step to start from, local paths of the latest valid checkpoint's files or None):
         the files are downloaded into ``directory`` in chunks, for models too big to hold twice
         in memory (``torch.load(files["model.pt"])``)."""
+        self.wait_for_release()
         return self._resumed(self.checkpoints.load_latest_to(directory))
 
     def _resumed(self, found: tuple[Manifest, T] | None) -> tuple[int, T | None]:
@@ -169,6 +196,7 @@ class TrainingSession:
         """Call after finishing ``step`` steps. Saves when due (``state()`` gives the files by
         name, as bytes or as paths of local files written for the purpose); exits after saving
         on a notice."""
+        self.wait_for_release()  # a script that never resumed (a held one must not train yet)
         # progress is dated at the step's end, before any save: the operator measures the
         # rate from these dates, and a save made on a preemption notice is no training time
         done_at = self.clock()
@@ -208,12 +236,18 @@ class TrainingSession:
 
 def _annotation_set(path: Path, key: str) -> bool:
     """Whether a downward-API annotations file (``key="value"`` lines) sets ``key`` non-empty."""
+    return bool(_annotation(path, key))
+
+
+def _annotation(path: Path, key: str) -> str | None:
+    """The value a downward-API annotations file (``key="value"`` lines) gives ``key`` (None:
+    not there, or the file cannot be read yet)."""
     try:
         text = path.read_text()
     except OSError:
-        return False
+        return None
     for line in text.splitlines():
         k, _, v = line.partition("=")
-        if k.strip() == key and v.strip().strip('"'):
-            return True
-    return False
+        if k.strip() == key:
+            return v.strip().strip('"')
+    return None

@@ -111,7 +111,12 @@ class LiveAttempt:
         prog = self.backend.progress(rec.handle)
         if prog is None:  # no progress channel (Kubernetes): the newest checkpoint of this attempt
             m = self.checkpoints.latest_manifest()
-            if m is not None and m.created >= rec.launched_at and m.step > rec.step_start:
+            if (
+                m is not None
+                and rec.started_at is not None  # a held return trains nothing before its release
+                and m.created >= rec.launched_at
+                and m.step > rec.step_start
+            ):
                 prog = {"step": m.step, "time": m.created}
         if prog is not None:
             if rec.first_step is None:

@@ -47,7 +47,7 @@ from airflow_spot.backends.kubernetes.template import (
     load_pod_template,
 )
 from airflow_spot.backends.signals import SpotSignal
-from airflow_spot.checkpoint.training import NOTICE_ANNOTATION
+from airflow_spot.checkpoint.training import HOLD_ANNOTATION, NOTICE_ANNOTATION
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 from airflow_spot.jobstate import AttemptHandle
 
@@ -61,6 +61,8 @@ RBAC_HINT = (
     " the verdict reads the node's labels, taints and events; see docker/rbac.yaml)"
 )
 RELAY_NOTICE = "relay_notice"  # what a status may find due (see carry_out)
+# when a held pod was released (wall time): training began then, not at the container's start
+RELEASED_ANNOTATION = "airflow-spot/hold-released-at"
 GIVE_UP = "give_up"
 OUTCOMES = {
     Verdict.SUCCEEDED: Outcome.SUCCEEDED,
@@ -315,9 +317,13 @@ class KubernetesBackend:
         market: Any = None,
         env: dict[str, str] | None = None,
         pool: str = "",  # noqa: ARG002
+        hold: bool = False,
     ) -> AttemptHandle:
         """Create the attempt's pod (after removing any leftover pod of this task, a probe's
-        included)."""
+        included; held, the running pods of other attempts are kept). ``hold``: a make-before-break return: once the pod is bound and its
+        container started, :meth:`status` reports ``ready_at`` and the container waits
+        (``TrainingSession``, on the pod's ``airflow-spot/hold`` annotation) until
+        :meth:`release_hold`."""
         from airflow_spot.backends.kubernetes.pods import pod_name, task_labels
 
         labels = task_labels(
@@ -335,6 +341,8 @@ class KubernetesBackend:
             ended = old.status is not None and old.status.phase in ("Succeeded", "Failed")
             if ended and old.metadata.name != name and self.delete_pods != "always":
                 continue  # an ended pod kept for inspection (delete_pods) trains nothing
+            if hold and not ended and old.metadata.name != name and not _is_probe(old):
+                continue  # make-before-break: the attempt it replaces trains on until then
             log.warning(
                 "Deleting leftover pod %s of this task before attempt %d: at most one attempt pod at a time.",
                 old.metadata.name,
@@ -353,6 +361,7 @@ class KubernetesBackend:
             checkpoint_uri=checkpoint_uri,
             env=env,
             pool=pool,
+            hold=hold,
         )
         from kubernetes.client.exceptions import ApiException
 
@@ -374,6 +383,26 @@ class KubernetesBackend:
             notice_sent=False,
             pending_since=now,
         )
+
+    def release_hold(self, handle: AttemptHandle) -> None:
+        """Let a held pod (``launch(hold=True)``) train: the attempt it replaces has
+        checkpointed and stopped. Its annotation turns ``go`` (the container sees it through
+        the downward API) and the release time is recorded on it. A pod gone meanwhile is
+        left to :meth:`status` (its verdict)."""
+        from kubernetes.client.exceptions import ApiException
+
+        name = _pod(handle)
+        body = {
+            "metadata": {
+                "annotations": {HOLD_ANNOTATION: "go", RELEASED_ANNOTATION: repr(time.time())}
+            }
+        }
+        try:
+            self.api.patch_namespaced_pod(name, self.namespace, body)
+        except ApiException as e:
+            if e.status != 404:
+                raise BackendError(f"releasing pod {name}: {e.status} {e.reason}") from e
+            log.warning("Pod %s is gone before its hold was released.", name)
 
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """Read pod, node and events and classify. Records what it saw in ``handle`` (the
@@ -448,12 +477,15 @@ class KubernetesBackend:
                 _pod(handle),
                 verdict.reason,
             )
+        held, started = _held(pod, started)
         base: dict[str, Any] = dict(
             capacity=handle.capacity or "",
             attempt=int(handle.attempt or 0),
             launched_at=float(handle.launched_at or 0),
             granted_at=granted,
-            started_at=started,
+            started_at=None if held else started,
+            # ready to take over: held, its container started, no reclaim notice on its node
+            ready_at=started if held and not handle.notice else None,
             heartbeat=time.time(),
             due=tuple(due),
             evidence={
@@ -464,9 +496,8 @@ class KubernetesBackend:
             },
         )
         if verdict.verdict is Verdict.RUNNING:
-            return AttemptStatus(
-                State.PREEMPTING if handle.notice_sent or due else State.RUNNING, **base
-            )
+            running = State.LAUNCHING if held else State.RUNNING  # held: its changeover
+            return AttemptStatus(State.PREEMPTING if handle.notice_sent or due else running, **base)
         if verdict.verdict is Verdict.PENDING:
             return AttemptStatus(
                 State.WAITING if handle.capacity == "spot" else State.LAUNCHING, **base
@@ -560,6 +591,7 @@ class KubernetesBackend:
         checkpoint_uri: str,
         env: dict[str, str] | None = None,
         pool: str = "",
+        hold: bool = False,
     ) -> Any:
         """The attempt pod (a ``V1Pod``) as :meth:`launch` creates it, on the pod template."""
         from airflow_spot.backends.kubernetes.pods import build_pod
@@ -584,6 +616,7 @@ class KubernetesBackend:
                 mount_token=self.mount_service_account_token,
                 env_from_secrets=list(self.env_from_secrets),
                 pod_template=template,
+                hold=hold,
             )
         except (ValueError, TypeError) as e:
             if template is None:
@@ -786,6 +819,13 @@ def _pod(handle: AttemptHandle) -> str:
     return handle.pod
 
 
+def _is_probe(pod: Any) -> bool:
+    from airflow_spot.backends.kubernetes.probe import PROBE_LABEL
+
+    labels = (pod.metadata.labels if pod.metadata is not None else None) or {}
+    return labels.get(PROBE_LABEL) == "true"
+
+
 def _placement_from(d: dict[str, Any]) -> Placement:
     return Placement(
         d.get("node_selector") or {}, tuple(d.get("tolerations") or ()), d.get("affinity")
@@ -846,6 +886,23 @@ def _times(pod: Any) -> tuple[float | None, float | None, float | None]:
             started = started or _ts(st.terminated.started_at)
             finished = _ts(st.terminated.finished_at)
     return granted, started, finished
+
+
+def _held(pod: Any, started: float | None) -> tuple[bool, float | None]:
+    """(the pod is held: not released yet, when training began). Held, ``started`` is when it
+    became ready; released, training began at the later of its container's start and the
+    release."""
+    ann = (pod.metadata.annotations if pod is not None and pod.metadata else None) or {}
+    hold = ann.get(HOLD_ANNOTATION)
+    if hold is None or started is None:
+        return False, started
+    if hold != "go":
+        return True, started
+    try:
+        released = float(ann.get(RELEASED_ANNOTATION) or "")
+    except ValueError:
+        return False, started
+    return False, max(started, released)
 
 
 def _exit_code(pod: Any) -> int | None:

@@ -16,7 +16,7 @@ from kubernetes.client import models as k8s
 
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.backends.kubernetes.template import check_resources
-from airflow_spot.checkpoint.training import ENV, NOTICE_ANNOTATION
+from airflow_spot.checkpoint.training import ENV, HOLD_ANNOTATION, NOTICE_ANNOTATION
 
 LABEL_PREFIX = "airflow-spot"
 PODINFO_DIR = "/etc/airflow-spot/podinfo"
@@ -79,8 +79,9 @@ def build_pod(
     volume_mounts: list[k8s.V1VolumeMount] | None = None,
     env_from_secrets: list[str] | None = None,
     pod_template: k8s.V1Pod | None = None,
+    hold: bool = False,
 ) -> k8s.V1Pod:
-    """One attempt's pod. ``pod_template`` (optional) is the base the rest is reconciled onto.
+    """One attempt's pod on ``pod_template`` (optional); ``hold``: held (``_metadata``).
 
     The provider's reconcile replaces a template field wherever ours is set, and merges
     containers by position; so the template is prepared first. Its training container is the
@@ -102,7 +103,7 @@ def build_pod(
         name="train",
         image=image,
         command=command,
-        env=_env(env, checkpoint_uri=checkpoint_uri, capacity=capacity, attempt=attempt),
+        env=_env(env, checkpoint_uri=checkpoint_uri, capacity=capacity, attempt=attempt, hold=hold),
         env_from=_env_from(env_from_secrets),
         resources=merged,
         volume_mounts=[_podinfo_mount(), *(volume_mounts or [])],
@@ -111,7 +112,7 @@ def build_pod(
     pod = k8s.V1Pod(
         api_version="v1",
         kind="Pod",
-        metadata=_metadata(name, namespace, labels, attempt, try_number, capacity),
+        metadata=_metadata(name, namespace, labels, attempt, try_number, capacity, hold),
         spec=_pod_spec(
             container, placement, t_spec, volumes, service_account, mount_token, wants_root
         ),
@@ -167,10 +168,15 @@ def _container_security(t_main: k8s.V1Container | None, wants_root: bool) -> k8s
 
 
 def _env(
-    env: dict[str, str] | None, *, checkpoint_uri: str, capacity: str, attempt: int
+    env: dict[str, str] | None,
+    *,
+    checkpoint_uri: str,
+    capacity: str,
+    attempt: int,
+    hold: bool = False,
 ) -> list[k8s.V1EnvVar]:
     """The user's variables, then ours (ours win): checkpoint URI, capacity, attempt and the
-    notice annotations' file."""
+    notice annotations' file (and, held, the same file as the hold's)."""
     env_vars = {
         **(env or {}),
         ENV["checkpoint_uri"]: checkpoint_uri,
@@ -178,6 +184,10 @@ def _env(
         ENV["attempt"]: str(attempt),
         ENV["notice_annotations"]: f"{PODINFO_DIR}/annotations",
     }
+    if hold:
+        env_vars[ENV["hold"]] = f"{PODINFO_DIR}/annotations"
+    elif ENV["hold"] in env_vars:  # only ours may hold a pod
+        del env_vars[ENV["hold"]]
     return [k8s.V1EnvVar(name=k, value=v) for k, v in env_vars.items()]
 
 
@@ -208,9 +218,16 @@ def _podinfo_volume() -> k8s.V1Volume:
 
 
 def _metadata(
-    name: str, namespace: str, labels: dict[str, str], attempt: int, try_number: int, capacity: str
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    attempt: int,
+    try_number: int,
+    capacity: str,
+    hold: bool = False,
 ) -> k8s.V1ObjectMeta:
-    """Name, the task's labels with the attempt's, and the (empty) notice annotation."""
+    """Name, the task's labels with the attempt's, the (empty) notice annotation and, held, the
+    hold annotation (``wait``)."""
     return k8s.V1ObjectMeta(
         name=name,
         namespace=namespace,
@@ -220,7 +237,7 @@ def _metadata(
             f"{LABEL_PREFIX}/try-number": str(try_number),
             f"{LABEL_PREFIX}/capacity": capacity,
         },
-        annotations={NOTICE_ANNOTATION: ""},
+        annotations={NOTICE_ANNOTATION: "", **({HOLD_ANNOTATION: "wait"} if hold else {})},
     )
 
 
