@@ -94,7 +94,6 @@ class Turn:
         if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
             done = self._finish_if_complete(now)
             if done is not None:
-                self.attempt.stop_coming("the work is done")
                 return StepResult(True, summary=done)
         self._check_budgets()
         live = st.live
@@ -214,6 +213,7 @@ class Turn:
                 "Attempt %d %s; counting it as an application failure.", rec.attempt, rec.reason
             )
             return None
+        self.attempt.stop_coming("the work is done")  # a spot return still on its way
         return self.report.finished(now, m)
 
     def stop_for_good(self) -> None:
