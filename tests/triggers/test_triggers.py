@@ -272,13 +272,19 @@ def test_operator_handles_every_event_kind(kind: EventKind, tmp_path: Path) -> N
         ),
     )
     ctx = make_context(FileTaskStateStore(tmp_path / "state.json"))
-    with pytest.raises(TaskDeferred):
-        op.execute(ctx)  # spot is down: waits
-    with pytest.raises(TaskDeferred) as d:
-        op.resume(ctx, event=SpotEvent(kind, time.time(), False, None, "x").to_payload())
-    assert d.value.method_name == "resume"
-    with pytest.raises(ValueError):
-        op.resume(ctx, event={"kind": "bogus", "at": 0})
+    try:
+        with pytest.raises(TaskDeferred):
+            op.execute(ctx)  # spot is down: a spot request waits for it (a cluster's view)
+        with pytest.raises(TaskDeferred) as d:
+            op.resume(ctx, event=SpotEvent(kind, time.time(), False, None, "x").to_payload())
+        assert d.value.method_name == "resume"
+        with pytest.raises(ValueError):
+            op.resume(ctx, event={"kind": "bogus", "at": 0})
+    finally:  # the waiting request's supervisor must not outlive the test
+        from airflow_spot.jobstate import AttemptHandle
+
+        for run_dir in (tmp_path / "runs").glob("**/attempt-*"):
+            LocalBackend().cancel(AttemptHandle(launched_at=time.time(), run_dir=str(run_dir)))
 
 
 def test_a_pool_in_cool_down_does_not_wake_the_operator_until_it_ends(tmp_path: Path) -> None:
