@@ -351,22 +351,7 @@ def replay(
         cur = req
         t += 1
     ledger.finished_s = t * gap if met else None
-    return RunResult(
-        trace=trace.name,
-        policy=policy.name,
-        deadline_h=deadline / 3600.0,
-        changeover_h=d / 3600.0,
-        cost=ledger.cost,
-        met=met,
-        spot_hours=ledger.hours(SPOT),
-        on_demand_hours=ledger.hours(OD),
-        spot_work_hours=work_on[SPOT] / 3600.0,
-        on_demand_work_hours=work_on[OD] / 3600.0,
-        preemptions=preemptions,
-        finished_h=t * gap / 3600.0,
-        on_demand_cost=ledger.on_demand_cost,
-        ledger=ledger,
-    )
+    return _result(trace, policy, job, ledger, met, t * gap, work_on, preemptions, "oracle", 0.0)
 
 
 def _replay_cluster(
@@ -530,11 +515,30 @@ def _replay_cluster(
         t += 1
     ledger.finished_s = t * gap if met else None
     ledger.probes = probes
+    observe = "cluster" if make_before_break else "cluster-bbm"
+    return _result(
+        trace, policy, job, ledger, met, t * gap, work_on, preemptions, observe, overlap_s
+    )
+
+
+def _result(
+    trace: Trace,
+    policy: Policy,
+    job: JobSpec,
+    ledger: Ledger,
+    met: bool,
+    end_s: float,
+    work_on: dict[Capacity, float],
+    preemptions: int,
+    observe: str,
+    overlap_s: float,
+) -> RunResult:
+    """The figures of one replay, from its ledger (both observation models)."""
     return RunResult(
         trace=trace.name,
         policy=policy.name,
-        deadline_h=deadline / 3600.0,
-        changeover_h=d / 3600.0,
+        deadline_h=job.deadline_s / 3600.0,
+        changeover_h=job.changeover_s / 3600.0,
         cost=ledger.cost,
         met=met,
         spot_hours=ledger.hours(SPOT) - ledger.hours(SPOT, Phase.PROBE),
@@ -542,11 +546,11 @@ def _replay_cluster(
         spot_work_hours=work_on[SPOT] / 3600.0,
         on_demand_work_hours=work_on[OD] / 3600.0,
         preemptions=preemptions,
-        finished_h=t * gap / 3600.0,
+        finished_h=end_s / 3600.0,
         on_demand_cost=ledger.on_demand_cost,
         ledger=ledger,
-        observe="cluster" if make_before_break else "cluster-bbm",
-        probes=probes,
+        observe=observe,
+        probes=ledger.probes,
         probe_cost=ledger.probe_cost,
         overlap_hours=overlap_s / 3600.0,
     )

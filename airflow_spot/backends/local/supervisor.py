@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,20 +121,7 @@ class Supervisor:
         start = time.time()
         self.publish(state=State.LAUNCHING.value, granted_at=start)
         end = start + float(self.spec.get("changeover_wall_s", 0.0))
-        while time.time() < end:
-            if self._cancelled():
-                return False
-            if not self.spot_up():
-                tick = self.market.tick_at(time.time()) if self.market else None
-                self.finish(
-                    Outcome.PREEMPTED,
-                    "spot capacity reclaimed during start-up",
-                    market_tick=tick,
-                    during="launch",
-                )
-                return False
-            time.sleep(POLL_S)
-        return True
+        return self._before_training(lambda: time.time() >= end, "during start-up")
 
     def _hold(self) -> bool:
         """A make-before-break return: ready (capacity granted, changeover paid), wait until
@@ -144,14 +132,19 @@ class Supervisor:
         if not hold:
             return True
         self.publish(ready_at=time.time())
-        while not Path(hold).exists():
+        return self._before_training(Path(hold).exists, "while ready to take over")
+
+    def _before_training(self, over: Callable[[], bool], when: str) -> bool:
+        """Wait until ``over()`` while spot holds: False when cancelled or reclaimed (a
+        preemption before any work)."""
+        while not over():
             if self._cancelled():
                 return False
             if not self.spot_up():
                 tick = self.market.tick_at(time.time()) if self.market else None
                 self.finish(
                     Outcome.PREEMPTED,
-                    "spot capacity reclaimed while ready to take over",
+                    f"spot capacity reclaimed {when}",
                     market_tick=tick,
                     during="launch",
                 )
