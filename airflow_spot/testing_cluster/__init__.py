@@ -1,0 +1,29 @@
+"""A real Kubernetes control plane for tests, ours and our users' (issue 20).
+
+* :class:`ControlPlane`: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+  kwok on 127.0.0.1, built from Go modules (``tools/k8s/build.sh``);
+* :class:`Kubelet`: what runs on the simulated nodes: each bound pod's command as a local
+  process, its status written as the kubelet writes it; and the cloud: which spot nodes exist,
+  and how each is taken away.
+
+Only the containers and the cloud are emulated; scheduling, admission, RBAC, eviction, the
+node lifecycle controller, the taint manager and pod GC are the real components'.
+"""
+
+from airflow_spot.testing_cluster.plane import (
+    VERSION,
+    ControlPlane,
+    ControlPlaneError,
+    ensure_binaries,
+    missing_binaries,
+    write_kubeconfig,
+)
+
+__all__ = [
+    "VERSION",
+    "ControlPlane",
+    "ControlPlaneError",
+    "ensure_binaries",
+    "missing_binaries",
+    "write_kubeconfig",
+]
