@@ -170,6 +170,33 @@ def node_is_spot(node: Any) -> bool | None:
     )
 
 
+def placement_is_spot(pod: Any) -> bool:
+    """The pod's own placement requires spot: a node selector, or a required node-affinity
+    ``In`` term in every alternative, on a spot capacity label (its node may be gone)."""
+    spec = _g(_d(pod), "spec") or {}
+    spot = {k: {v.lower() for v in vals} for k, vals in SPOT_LABELS.items()}
+    selector = _g(spec, "node_selector", "nodeSelector") or {}
+    if any(str(selector.get(k, "")).lower() in vals for k, vals in spot.items()):
+        return True
+    node_aff = _g(_g(spec, "affinity") or {}, "node_affinity", "nodeAffinity") or {}
+    required = _g(
+        node_aff,
+        "required_during_scheduling_ignored_during_execution",
+        "requiredDuringSchedulingIgnoredDuringExecution",
+    )
+    terms = _g(required or {}, "node_selector_terms", "nodeSelectorTerms") or []
+
+    def term_spot(term: Any) -> bool:
+        for e in _g(term, "match_expressions", "matchExpressions") or []:
+            values = {str(v).lower() for v in _g(e, "values") or []}
+            key = _g(e, "key")
+            if _g(e, "operator") == "In" and key in spot and values and values <= spot[key]:
+                return True
+        return False
+
+    return bool(terms) and all(term_spot(t) for t in terms)
+
+
 def interruption_notice(node: Any, events: Iterable[Any] = ()) -> str | None:
     """Evidence that the node is about to be reclaimed (so the pod should checkpoint now)."""
     n = _d(node)
@@ -247,6 +274,8 @@ class Facts:
 
     def __post_init__(self) -> None:
         spot = node_is_spot(self.node) if self.node else None
+        if spot is None and self.was_spot is None and self.pod:
+            spot = placement_is_spot(self.pod) or None  # no node, no record: its placement
         object.__setattr__(self, "spot", self.was_spot if spot is None else spot)
         cloud = _cloud_evidence(self.node, list(self.events)) if (self.node or self.events) else []
         if self.notice and self.notice.startswith(CLOUD_NOTICES):

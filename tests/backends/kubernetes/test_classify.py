@@ -702,3 +702,55 @@ def test_classifier_imports_no_kubernetes() -> None:
         ).stdout.strip()
         == "[]"
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "verdict"),
+    [
+        ({"nodeSelector": {"karpenter.sh/capacity-type": "spot"}}, Verdict.PREEMPTED),
+        ({"nodeSelector": {"eks.amazonaws.com/capacityType": "SPOT"}}, Verdict.PREEMPTED),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "cloud.google.com/gke-spot",
+                                            "operator": "In",
+                                            "values": ["true"],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            Verdict.PREEMPTED,
+        ),
+        ({"nodeSelector": {"karpenter.sh/capacity-type": "on-demand"}}, Verdict.INFRA_DISRUPTION),
+        ({}, Verdict.INFRA_DISRUPTION),
+    ],
+)
+def test_pod_gc_with_no_node_and_no_record_reads_the_pods_own_placement(spec, verdict) -> None:
+    """PodGC on a pod whose node is gone and whose capacity nothing recorded: a spot node
+    selector (or a required spot affinity) on the pod itself makes it a preemption."""
+    gc = {
+        "metadata": {"name": "train-1"},
+        "spec": {"containers": [{"name": "train", "image": "img"}], **spec},
+        "status": {
+            "phase": "Failed",
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByPodGC",
+                    "message": "PodGC: node no longer exists",
+                }
+            ],
+        },
+    }
+    assert classify(gc, None).verdict is verdict
