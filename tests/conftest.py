@@ -20,6 +20,22 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
+# the real Kubernetes control plane (issue 20): kube_control_plane / kube_cluster fixtures
+pytest_plugins = ["airflow_spot.testing_cluster.pytest_plugin"]
+
+
+def pytest_report_header(config) -> str:  # noqa: ARG001 - pytest's signature
+    """Name the real control plane's version (or say it is built on first use)."""
+    from airflow_spot.testing_cluster.plane import bin_dir, missing_binaries
+
+    where = bin_dir()
+    if missing_binaries(where):
+        return f"kubernetes: real control plane not built yet (tools/k8s/build.sh runs on first use; {where})"
+    out = subprocess.run(
+        [str(where / "kube-apiserver"), "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return f"kubernetes: kube-apiserver {out[-1] if out else '?'} (real control plane, {where})"
+
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:

@@ -59,6 +59,11 @@ PLACED: dict[str, tuple[str, str]] = {
     "demo": ("shell", "`make demo`: runs the example DAG with dag.test(), a user of everything"),
     "testing": ("shell", "test doubles for task state and Airflow context, used by tests only"),
     "testing_kube": ("shell", "a fake cluster for tests: drives the backends from outside"),
+    "testing_cluster": ("shell", "a real control plane for tests: re-exports its parts"),
+    "testing_cluster.plane": ("shell", "starts etcd, apiserver, controllers, kwok (processes)"),
+    "testing_cluster.pki": ("shell", "certificates for that control plane, cryptography only"),
+    "testing_cluster.kubelet": ("shell", "runs bound pods as processes; the cloud's reclaims"),
+    "testing_cluster.pytest_plugin": ("shell", "pytest fixtures over the control plane"),
     "examples": ("shell", "the examples package, empty"),
     "examples.dags.spot_training_demo": ("shell", "an example DAG: builds the operator"),
     "examples.train_logreg": (

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Annotated, Any
 
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user, requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
+from pydantic import BeforeValidator
 
 from airflow_spot.plugins.data import _iso, load_one, load_rows, signal_text
 from airflow_spot.timeline import COLORS, LABELS, OVERLAP_LABEL, PROBE, color, lanes
@@ -20,6 +21,30 @@ app = FastAPI(title="Spot training", dependencies=[Depends(get_user)])
 
 # a task instance's state is shown only to users who may read that DAG's task instances
 CAN_READ_TI = [Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE))]
+
+# what a task instance that is not mapped arrives with: Airflow's UI fills ``{MAP_INDEX}`` in
+# a tab's URL only for a mapped task instance, and sends the placeholder itself otherwise
+NOT_MAPPED = ("", "-1", "{MAP_INDEX}")
+
+
+def parse_map_index(value: object) -> int:
+    """A query's ``map_index``: -1 (not mapped) for ``-1``, an empty value or the literal
+    ``{MAP_INDEX}``; the index for an integer >= 0. Anything else is refused with an error
+    that names the field and what it accepts (FastAPI answers 422)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= -1:
+        return value
+    text = str(value).strip()
+    if text in NOT_MAPPED:
+        return -1
+    if text.isascii() and text.isdigit():
+        return int(text)
+    raise ValueError(
+        f"map_index must be an integer >= 0 for a mapped task instance, or -1, empty or "
+        f"{{MAP_INDEX}} for one that is not mapped; got {text!r}"
+    )
+
+
+MapIndex = Annotated[int, BeforeValidator(parse_map_index)]
 
 
 @app.get("/api/runs")
@@ -43,7 +68,7 @@ def runs(session: SessionDep, user: GetUserDep, dag_id: str | None = None) -> li
 
 @app.get("/api/run", dependencies=CAN_READ_TI)
 def run(
-    session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: int = -1
+    session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: MapIndex = -1
 ) -> dict[str, Any]:
     """The whole persisted state of one task instance: attempts, ledger, decisions."""
     state = load_one(session, dag_id, run_id, task_id, map_index)
@@ -60,13 +85,14 @@ th,td{padding:4px 8px;border-bottom:1px solid #ddd;text-align:right}th{backgroun
 td.l,th.l{text-align:left}.ok{color:#2b8a3e}.bad{color:#c92a2a}</style></head><body>
 <h2>Spot training</h2><label>DAG <input id="dag" placeholder="all DAGs" value="__DAG__"></label>
 <span id="stamp" style="margin-left:12px;color:#868e96"></span>
-<table><thead><tr><th class="l">DAG</th><th class="l">run</th><th class="l">task</th><th class="l">state</th><th class="l">now on</th>
+<table><thead><tr><th class="l">DAG</th><th class="l">run</th><th class="l">task</th><th class="map">map index</th><th class="l">state</th><th class="l">now on</th>
 <th>progress</th><th class="l">deadline</th><th class="l">met</th><th>finish (h)</th><th>spot h</th><th>on-demand h</th><th>idle h</th>
 <th>cost</th><th>savings</th><th>preemptions</th><th>work lost h</th><th class="l">spot</th><th>probes</th><th>overlap h</th><th class="l">timeline</th></tr></thead>
 <tbody id="rows"></tbody></table>
 <script>
 const f = (x, d=2) => x == null ? "" : Number(x).toFixed(d);
 const e = s => String(s ?? "").replace(/[&<>"']/g, c => "&#" + c.charCodeAt(0) + ";");
+const mi = x => Number.isInteger(x.map_index) && x.map_index >= 0 ? String(x.map_index) : "-";
 const met = x => x.deadline_met == null ? "" : (x.deadline_met ? '<span class="ok">yes</span>' : '<span class="bad">no</span>');
 async function load() {
   const dag = document.getElementById("dag").value;
@@ -74,7 +100,7 @@ async function load() {
   if (!r.ok) { document.getElementById("stamp").textContent = "HTTP " + r.status; return; }
   const rows = await r.json();
   document.getElementById("rows").innerHTML = rows.map(x => `<tr>
-    <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}</td><td class="l">${e(x.state)}</td>
+    <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}</td><td class="map">${mi(x)}</td><td class="l">${e(x.state)}</td>
     <td class="l ${x.now == "failed" || x.now.startsWith("stopped") ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
     <td>${f(x.estimated_finish_hours)}</td><td>${f(x.spot_hours)}</td><td>${f(x.on_demand_hours)}</td><td>${f(x.idle_hours)}</td>
     <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${x.savings == null ? "" : f(100 * x.savings, 1) + " %"}</td><td>${Number(x.preemptions)}</td>
@@ -111,7 +137,8 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     y = lambda w: 190 + extra - 140 * w / work  # noqa: E731
     height = 240 + extra
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-size="11">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" font-size="11">',
         "<defs>"
         '<pattern id="hatch-probe" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#5f3dc4" '
@@ -170,24 +197,37 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     parts.append(
         f'<line class="deadline" x1="{x(deadline):.1f}" y1="5" x2="{x(deadline):.1f}" y2="{200 + extra}" stroke="black" stroke-dasharray="4 3"/>'
     )
-    dx = x(deadline)
-    near_end = dx > width - 90  # the label goes left of the line, inside the picture
-    anchor = ' text-anchor="end"' if near_end else ""
+    text = f"deadline {deadline:.1f} h"
+    at, anchor = beside(x(deadline), text, width)
     parts.append(
-        f'<text x="{dx - 3 if near_end else dx + 3:.1f}" y="{205 + extra}"{anchor}>'
-        f"deadline {deadline:.1f} h</text>"
+        f'<text class="deadline-label" x="{at:.1f}" y="{205 + extra}" text-anchor="{anchor}">'
+        f"{text}</text>"
     )
     parts.append(
         f'<line x1="40" y1="{190 + extra}" x2="{width - 20}" y2="{190 + extra}" stroke="#868e96"/>'
         f'<text x="40" y="{215 + extra}">0 h</text>'
     )
-    parts.append(f'<text x="{width - 60}" y="{215 + extra}">{end:.1f} h</text>')
+    parts.append(f'<text x="{width - 20}" y="{215 + extra}" text-anchor="end">{end:.1f} h</text>')
     parts.append(_legend(230 + extra))
     parts.append("</svg>")
     return "".join(parts)
 
 
 LANE_H = 12  # pixels per lane below the main bar
+EM = 0.62  # a character's width, in font sizes: on the wide side of system-ui's digits and letters
+
+
+def text_width(text: str, font_px: float = 11) -> float:
+    """About how wide ``text`` draws, in pixels (an estimate: the SVG has no text metrics)."""
+    return EM * font_px * len(text)
+
+
+def beside(at: float, text: str, width: int, font_px: float = 11) -> tuple[float, str]:
+    """Where a label of a vertical line at ``at`` goes, and its ``text-anchor``: just right of
+    the line, or just left of it where it would run past the SVG's right edge."""
+    if at + 3 + text_width(text, font_px) <= width:
+        return at + 3, "start"
+    return at - 3, "end"
 
 
 def _legend(top: int) -> str:
@@ -205,7 +245,7 @@ def _legend(top: int) -> str:
                 f'<rect x="{cx:.0f}" y="{top - 9}" width="12" height="10" fill="url(#{hatch})"/>'
             )
         out.append(f'<text x="{cx + 15:.0f}" y="{top}">{html.escape(label)}</text>')
-        cx += 20 + 6.3 * len(label)  # about a character's width at 10 px
+        cx += 20 + text_width(label, 10)
     out.append(
         f'<path d="M{cx + 5:.0f},{top} l-5,-8 h10 z" fill="#c92a2a"/>'
         f'<text x="{cx + 14:.0f}" y="{top}">preemption</text></g>'
@@ -225,7 +265,7 @@ def _start(s: dict[str, Any]) -> float:
 
 @app.get("/timeline", response_class=HTMLResponse, dependencies=CAN_READ_TI)
 def timeline(
-    session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: int = Query(-1)
+    session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: MapIndex = -1
 ) -> str:
     """One task instance: timeline, figures and decision log; refreshes itself while it runs."""
     state = load_one(session, dag_id, run_id, task_id, map_index)
@@ -263,10 +303,12 @@ def timeline(
         + _verdict(state, summary)
     )
     spot = _spot_figures(state, summary)
+    mapped = f" [{map_index}]" if map_index >= 0 else ""
     return (
         f'<!doctype html><html><head><meta charset="utf-8">{refresh}<title>Spot timeline</title>'
         "<style>body{font:13px system-ui,sans-serif;margin:16px}td{padding:2px 8px;border-bottom:1px solid #eee}th.l{text-align:left}</style></head><body>"
-        f'<h3>{html.escape(dag_id)} / {html.escape(run_id)} / {html.escape(task_id)}</h3><p id="figures">{figures}</p>'
+        f"<h3>{html.escape(dag_id)} / {html.escape(run_id)} / {html.escape(task_id)}{mapped}</h3>"
+        f'<p id="figures">{figures}</p>'
         f'<p id="spot">{spot}</p>{timeline_svg(state)}<h4>Decisions</h4><table id="decisions">{log}</table></body></html>'
     )
 

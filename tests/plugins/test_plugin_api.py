@@ -267,6 +267,7 @@ def test_page_renders_in_a_browser(finished_run, tmp_path) -> None:
         ).stdout
         assert run_id in dom and "timeline" in dom
         assert "task instances, updated" in dom  # the table was filled by the page's own fetch
+        assert '<td class="map">-</td>' in dom  # the map-index column of a task not mapped
         from urllib.parse import urlencode
 
         tl = f"{base}/spot-training/timeline?" + urlencode(
@@ -599,3 +600,147 @@ def test_the_snapshot_says_spot_is_unknown_when_long_unseen() -> None:
     assert row("d", "r", "t", -1, None, {"snapshot": {"spot_signal": {"state": "unknown"}}}, None)[
         "spot"
     ] == ("unknown · never seen")
+
+
+# -- the tab of a task that is not mapped, the map-index column, the deadline label (issue 21) -
+
+
+def _tab_url(dag_id: str, run_id: str, task_id: str) -> str:
+    """The "Spot timeline" tab's URL as Airflow 3.3's UI builds it for a task instance that is
+    not mapped: the ids filled in (``encodeURIComponent``), ``{MAP_INDEX}`` left as it is, which
+    the browser sends as ``%7BMAP_INDEX%7D``."""
+    from urllib.parse import quote
+
+    from airflow_spot.plugins import SpotTrainingPlugin
+
+    view = next(v for v in SpotTrainingPlugin.external_views if v["name"] == "Spot timeline")
+    href = view["href"]
+    for key, value in (("{DAG_ID}", dag_id), ("{RUN_ID}", run_id), ("{TASK_ID}", task_id)):
+        href = href.replace(key, quote(value, safe=""))
+    assert "map_index={MAP_INDEX}" in href
+    return "/" + href.replace("{MAP_INDEX}", "%7BMAP_INDEX%7D")
+
+
+def test_the_tab_of_a_task_that_is_not_mapped_opens(client, finished_run) -> None:
+    """The tab's own URL for a task that is not mapped (``map_index=%7BMAP_INDEX%7D``) shows
+    the timeline, as do an empty map index and -1; the state route reads them the same way."""
+    dag_id, run_id = finished_run
+    headers = _token(client)
+    tab = client.get(_tab_url(dag_id, run_id, "train"), headers=headers)
+    assert tab.status_code == 200, tab.text
+    assert 'class="deadline"' in tab.text and 'class="preemption"' in tab.text
+    ids = {"dag_id": dag_id, "run_id": run_id, "task_id": "train"}
+    for map_index in ("{MAP_INDEX}", "", "-1"):
+        for path in ("/spot-training/timeline", "/spot-training/api/run"):
+            got = client.get(path, params={**ids, "map_index": map_index}, headers=headers)
+            assert got.status_code == 200, (path, map_index, got.text)
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"), [("{MAP_INDEX}", -1), ("", -1), ("-1", -1), ("0", 0), (" 3 ", 3)]
+)
+def test_a_map_index_is_read_as_the_ui_sends_it(client, monkeypatch, sent, read) -> None:
+    """Both routes look up the map index the query means; a mapped one's page names it."""
+    from airflow_spot.plugins import app
+
+    asked: list[int] = []
+
+    def load_one(session, dag_id, run_id, task_id, map_index):
+        asked.append(map_index)
+        return {"finished": {"cost": 1.0, "segments": []}}
+
+    monkeypatch.setattr(app, "load_one", load_one)
+    headers = _token(client)
+    ids = {"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": sent}
+    page = client.get("/spot-training/timeline", params=ids, headers=headers)
+    assert page.status_code == 200, page.text
+    assert client.get("/spot-training/api/run", params=ids, headers=headers).status_code == 200
+    assert asked == [read, read]
+    assert ("<h3>d / r / t [3]</h3>" in page.text) == (read == 3)
+    assert ("<h3>d / r / t</h3>" in page.text) == (read == -1)
+
+
+@pytest.mark.parametrize("bad", ["abc", "-2", "1.5", "²", "{map_index}"])
+def test_a_bad_map_index_is_refused_naming_the_field(client, bad) -> None:
+    """A map index that is neither an index nor "not mapped" gets a 422 whose error names
+    ``map_index``, what it accepts, and what was sent."""
+    headers = _token(client)
+    for path in ("/spot-training/timeline", "/spot-training/api/run"):
+        got = client.get(
+            path,
+            params={"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": bad},
+            headers=headers,
+        )
+        assert got.status_code == 422, (path, bad, got.status_code)
+        (err,) = got.json()["detail"]
+        assert err["loc"] == ["query", "map_index"]
+        assert "map_index must be an integer >= 0" in err["msg"]
+        assert "{MAP_INDEX}" in err["msg"] and repr(bad) in err["msg"]
+
+
+def test_the_runs_table_has_a_map_index_column(client) -> None:
+    """The page's table has a "map index" column after the task, filled for a mapped row and
+    "-" for one that is not mapped, and every header has its cell in the row."""
+    import re
+
+    page = client.get("/spot-training/page", headers=_token(client)).text
+    head = re.search(r"<thead>(.*?)</thead>", page, re.S).group(1)
+    names = re.findall(r"<th[^>]*>([^<]*)</th>", head)
+    assert names[names.index("task") + 1] == "map index"
+    template = re.search(r"rows\.map\(x => `(.*?)`\)\.join", page, re.S).group(1)
+    assert template.count("<td") == len(names)
+    assert '<td class="l">${e(x.task_id)}</td><td class="map">${mi(x)}</td>' in template
+    assert (
+        'const mi = x => Number.isInteger(x.map_index) && x.map_index >= 0 ? String(x.map_index) : "-";'
+        in page
+    )
+
+
+def _texts_outside(svg: str) -> list[tuple[str, float, float, float]]:
+    """Each ``<text>`` of the SVG that does not fit in its viewBox: (text, left, right, width).
+    A character is taken as 0.6 of the font size wide, about the widest of system-ui's
+    letters and digits (DejaVu Sans', Arial's)."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg)
+    _, _, width, _ = (float(v) for v in root.get("viewBox").split())
+    out = []
+
+    def walk(node, font):
+        font = float(node.get("font-size") or font)
+        for child in node:
+            if child.tag.endswith("}text"):
+                text, x = "".join(child.itertext()), float(child.get("x"))
+                w = 0.6 * float(child.get("font-size") or font) * len(text)
+                anchor = child.get("text-anchor") or "start"
+                left = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
+                if left < 0 or left + w > width:
+                    out.append((text, left, left + w, width))
+            walk(child, font)
+
+    walk(root, 16.0)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("deadline_h", "end_h"),
+    [
+        (21.86, 24.0),  # the line 95 px from the right edge: the label ran past it
+        (23.0, 24.0),
+        (20.0, 20.0),  # the line at the right edge (the job ended before its deadline)
+        (120.5, 120.5),
+        (10.0, 24.0),
+        (0.2, 24.0),  # near the left edge
+    ],
+)
+def test_the_deadline_label_stays_inside_the_svg(deadline_h, end_h) -> None:
+    """Wherever the deadline line falls, its label (and every other text) stays inside the
+    SVG's width; the SVG scales down to a narrower tab instead of being cut off."""
+    from airflow_spot.plugins.app import timeline_svg
+
+    seg = {"capacity": "spot", "phase": "running", "start_s": 0.0, "end_s": end_h * 3600}
+    seg |= {"progress_start_s": 0.0, "progress_end_s": end_h * 3600, "price_per_h": 1.0}
+    svg = timeline_svg({"finished": {"deadline_hours": deadline_h, "segments": [seg]}})
+    assert f"deadline {deadline_h:.1f} h</text>" in svg
+    assert _texts_outside(svg) == []
+    assert 'viewBox="0 0 900 ' in svg and 'style="max-width:100%;height:auto"' in svg

@@ -46,7 +46,9 @@ def task_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[
         f"{LABEL_PREFIX}/dag-id": label_value(dag_id),
         f"{LABEL_PREFIX}/task-id": label_value(task_id),
         f"{LABEL_PREFIX}/run-id": label_value(run_id),
-        f"{LABEL_PREFIX}/map-index": str(map_index),
+        # "-1" is no valid label value (it must start with an alphanumeric): the real API
+        # server refuses the pod, and the selector, of a task that is not mapped
+        f"{LABEL_PREFIX}/map-index": str(map_index) if map_index >= 0 else "none",
     }
 
 

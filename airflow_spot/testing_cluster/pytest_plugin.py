@@ -1,0 +1,95 @@
+"""pytest fixtures for a real control plane; in a ``conftest.py``:
+``pytest_plugins = ["airflow_spot.testing_cluster.pytest_plugin"]``.
+
+* ``kube_control_plane`` (session): the :class:`~.plane.ControlPlane` and its
+  :class:`~.kubelet.Kubelet`, started once (the binaries built first if missing);
+* ``kube_cluster`` (function): the same, with a namespace of the test's own, a kubelet reset
+  to its defaults, and at the end the test's pods and the nodes it made deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from airflow_spot.testing_cluster.kubelet import Kubelet
+from airflow_spot.testing_cluster.plane import ControlPlane, free_port
+
+_ns = itertools.count(1)
+
+
+@dataclass
+class Cluster:
+    """A started control plane, its kubelet, and (per test) a namespace."""
+
+    plane: ControlPlane
+    kubelet: Kubelet
+    namespace: str = "default"
+    nodes_before: set[str] = field(default_factory=set)
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.plane.kubeconfig
+
+    @property
+    def api(self):  # noqa: ANN201 - kubernetes.client.CoreV1Api
+        return self.kubelet.api
+
+
+@pytest.fixture(scope="session")
+def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = Path(tmp_path_factory.mktemp("k8s"))
+    port = free_port()
+    plane = ControlPlane(root / "plane", kubelet_port=port).start()
+    kubelet = Kubelet(plane.kubeconfig, root / "nodes", port=port)
+    try:
+        kubelet.start()
+        yield Cluster(plane, kubelet)
+    finally:
+        kubelet.stop()
+        plane.stop()
+
+
+@pytest.fixture
+def kube_cluster(kube_control_plane: Cluster) -> Iterator[Cluster]:
+    from kubernetes import client
+
+    c = kube_control_plane
+    k = c.kubelet
+    ns = f"t{next(_ns)}-{int(time.time()) % 100000}"
+    c.api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    until = time.monotonic() + 30
+    while time.monotonic() < until:  # pods are refused until its service account exists
+        with contextlib.suppress(client.ApiException):
+            c.api.read_namespaced_service_account("default", ns)
+            break
+        time.sleep(0.1)
+    for node in list(k.nodes):  # every test starts with no node of an earlier one
+        with contextlib.suppress(client.ApiException):
+            c.api.delete_node(node)
+        k.nodes.pop(node, None)
+    k.lost.clear()
+    before: set[str] = set()
+    test = Cluster(c.plane, k, ns, before)
+    try:
+        yield test
+    finally:
+        k.plan.clear()
+        k.spot_gone_after_plan = False
+        for p in c.api.list_namespaced_pod(ns).items:
+            with contextlib.suppress(client.ApiException):
+                c.api.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
+        for node in set(k.nodes) - before:
+            with contextlib.suppress(client.ApiException):
+                c.api.delete_node(node)
+            k.nodes.pop(node, None)
+        k.spot_available = True
+        k.autoscale = True
+        with contextlib.suppress(client.ApiException):
+            c.api.delete_namespace(ns)
