@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.backends.base import State
+from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 
 POOLS = {  # preset -> (spot node labels, spot taints, on-demand node labels)
     "eks": (
