@@ -42,6 +42,25 @@ class Cluster:
         return self.kubelet.api
 
 
+def anchors(kubelet: Kubelet, n: int = 2) -> list[str]:
+    """Healthy nodes that run nothing (tainted ``NoSchedule``). The node lifecycle controller
+    evicts nothing while every node of a zone is NotReady ("master disruption mode"); with
+    these, one lost node among few is a normal disruption, as in a real cluster."""
+    names = []
+    for i in range(1, n + 1):
+        name = kubelet.add_node(
+            f"anchor-{i}",
+            {"airflow-spot/anchor": "true"},
+            [{"key": "airflow-spot/anchor", "value": "true", "effect": "NoSchedule"}],
+            gpus=0,
+        )
+        kubelet.nodes.pop(name)  # not the tests' node: never cleaned up, no pods tended
+        names.append(name)
+    for name in names:
+        kubelet.wait_ready(name)
+    return names
+
+
 @pytest.fixture(scope="session")
 def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = Path(tmp_path_factory.mktemp("k8s"))
@@ -50,6 +69,7 @@ def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clu
     kubelet = Kubelet(plane.kubeconfig, root / "nodes", port=port)
     try:
         kubelet.start()
+        anchors(kubelet)
         yield Cluster(plane, kubelet)
     finally:
         kubelet.stop()

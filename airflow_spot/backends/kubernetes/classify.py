@@ -383,6 +383,19 @@ def pod_vanished(f: Facts) -> Classification | None:
     """The pod is gone (404): reclaimed if it had run (or ran on spot), else lost before it ran."""
     if f.pod:
         return None
+    preempted = [
+        e
+        for e in f.events
+        if _g(e, "reason") == "Preempted"
+        and _g(_g(e, "involved_object", "involvedObject") or {}, "kind") == "Pod"
+    ]
+    if preempted:  # the kubelet finished the scheduler's graceful delete before we looked
+        msg = str(_g(preempted[-1], "message") or "")
+        return _infra(
+            "preempted by the scheduler for a higher-priority pod (the pod is gone)",
+            "pod not found",
+            f"event Preempted: {msg}",
+        )
     if f.was_running or f.was_spot:
         return _reclaimed(f, "the pod vanished (404) after running", "pod not found")
     return _infra("the pod vanished (404) before it ran", "pod not found")

@@ -754,3 +754,19 @@ def test_pod_gc_with_no_node_and_no_record_reads_the_pods_own_placement(spec, ve
         },
     }
     assert classify(gc, None).verdict is verdict
+
+
+def test_a_pod_gone_after_the_schedulers_preemption_is_not_a_spot_reclaim() -> None:
+    """The kubelet finished the scheduler's graceful delete before the backend looked: the
+    pod is gone (404) but its ``Preempted`` event (kube-scheduler's own shape) remains, so it
+    is an infrastructure disruption even on spot, not a preemption by the cloud."""
+    event = {
+        "reason": "Preempted",
+        "type": "Normal",
+        "message": "Preempted by pod 4a1c6f0e-3b9d-4c55-9a2e-1f0d2b7c8e11 on node spot-1",
+        "involvedObject": {"kind": "Pod", "name": "train-a1", "uid": "u1"},
+        "reportingComponent": "default-scheduler",
+    }
+    c = classify(None, None, [event], was_spot=True, was_running=True)
+    assert c.verdict is Verdict.INFRA_DISRUPTION and "scheduler" in c.reason, c
+    assert classify(None, None, [], was_spot=True, was_running=True).verdict is Verdict.PREEMPTED
