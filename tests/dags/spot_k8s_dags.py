@@ -1,4 +1,5 @@
-"""A DAG the Kubernetes tests run with dag.test() against the fake API server and cloud."""
+"""A DAG the Kubernetes tests run with dag.test(), against the fake API server and cloud or
+the real control plane (``SPOT_K8S_*`` settings from the test's environment)."""
 
 from __future__ import annotations
 
@@ -28,15 +29,18 @@ with DAG(
         total_steps=STEPS,
         deadline=timedelta(seconds=float(os.environ.get("SPOT_K8S_DEADLINE_S", "30"))),
         changeover=timedelta(seconds=0.5),
-        policy="deadline_aware",
+        policy=os.environ.get("SPOT_K8S_POLICY", "deadline_aware"),
         max_failures=int(os.environ.get("SPOT_K8S_MAX_FAILURES", "1")),
         backend=KubernetesBackend(
             image="ghcr.io/airflow-spot/train:test",
-            config_file=KUBECONFIG,
+            # a Kubernetes connection (the real-control-plane tests: a ServiceAccount token)
+            kubernetes_conn_id=os.environ.get("SPOT_K8S_CONN_ID") or None,
+            config_file=None if os.environ.get("SPOT_K8S_CONN_ID") else KUBECONFIG,
+            namespace=os.environ.get("SPOT_K8S_NAMESPACE", "default"),
             preset="karpenter",
             gpus=1,
             spot_cooldown_s=float(os.environ.get("SPOT_K8S_COOLDOWN_S", "1")),
-            pending_timeout_s=2.0,
+            pending_timeout_s=float(os.environ.get("SPOT_K8S_PENDING_S", "2")),
         ),
         decision_interval=timedelta(seconds=1),
         poll_interval=0.1,

@@ -6,19 +6,14 @@ missing verb gives its clear error naming the permission."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from airflow_spot.backends.base import Outcome, State
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-from airflow_spot.backends.kubernetes.probe import build_priority_class
 from airflow_spot.exceptions import BackendError
-from airflow_spot.testing_cluster import write_kubeconfig
 
-RBAC = Path(__file__).resolve().parents[4] / "docker" / "rbac.yaml"
-NS = "ml-training"
+NS = "ml-training"  # docker/rbac.yaml's namespace (the sa_kubeconfig fixture, conftest.py)
 IDENT = {
     "dag_id": "nightly_train",
     "task_id": "train",
@@ -28,68 +23,24 @@ IDENT = {
 }
 
 
-def apply_rbac(api, docs: list[dict]) -> None:
-    from kubernetes import client, utils
-
-    with_ns = client.V1Namespace(metadata=client.V1ObjectMeta(name=NS))
-    try:
-        api.create_namespace(with_ns)
-    except client.ApiException as e:
-        assert e.status == 409
-    for doc in docs:
-        try:
-            utils.create_from_dict(api.api_client, doc)
-        except utils.FailToCreateError as e:
-            if any(x.status != 409 for x in e.api_exceptions):
-                raise
-            rbac = client.RbacAuthorizationV1Api(api.api_client)
-            name = doc["metadata"]["name"]
-            if doc["kind"] == "ClusterRole":
-                rbac.replace_cluster_role(name, doc)
-            elif doc["kind"] == "Role":
-                rbac.replace_namespaced_role(name, doc["metadata"]["namespace"], doc)
-
-
-@pytest.fixture
-def sa_kubeconfig(kube_cluster, tmp_path):
-    """The ServiceAccount of docker/rbac.yaml, applied for real, as a token kubeconfig."""
-    from kubernetes import client
-
-    api = kube_cluster.api
-    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
-    apply_rbac(api, docs)
-    # the PriorityClass probes need, made once by an admin (the worker may not create it)
-    sched = client.SchedulingV1Api(api.api_client)
-    try:
-        sched.create_priority_class(build_priority_class())
-    except client.ApiException as e:
-        assert e.status == 409
-    token = api.create_namespaced_service_account_token(
-        "airflow-spot", NS, client.AuthenticationV1TokenRequest(spec={"audiences": [], "expirationSeconds": 3600})
-    ).status.token
-    cfg = write_kubeconfig(
-        tmp_path / "sa.kubeconfig", kube_cluster.plane.server, kube_cluster.plane.root / "pki" / "ca.crt", token=token
-    )
-    yield str(cfg), docs
-    apply_rbac(api, docs)  # put back what a test took away
-    for p in api.list_namespaced_pod(NS).items:
-        api.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
-
-
 def backend(cfg: str) -> KubernetesBackend:
     return KubernetesBackend(
         image="ghcr.io/me/train:1", config_file=cfg, namespace=NS, preset="karpenter", gpus=1
     )
 
 
-def test_the_service_account_of_rbac_yaml_can_do_everything_the_backend_needs(kube_cluster, sa_kubeconfig) -> None:
+def test_the_service_account_of_rbac_yaml_can_do_everything_the_backend_needs(
+    kube_cluster, sa_kubeconfig
+) -> None:
     """Launch, status (pod, node, events), the notice relay (patch), logs, spot signals, a
     probe and its answer, and cancel, all as the ServiceAccount; and it is no cluster-admin."""
     from kubernetes import client
 
     cfg, _ = sa_kubeconfig
     b = backend(cfg)
-    h = b.launch(IDENT, 1, "spot", ["sh", "-c", "echo started; sleep 600"], checkpoint_uri="file:///tmp/x")
+    h = b.launch(
+        IDENT, 1, "spot", ["sh", "-c", "echo started; sleep 600"], checkpoint_uri="file:///tmp/x"
+    )
     until = time.monotonic() + 60
     while (st := b.status(h)).state is not State.RUNNING:
         assert time.monotonic() < until and not st.terminal, st
@@ -121,12 +72,20 @@ def test_the_service_account_of_rbac_yaml_can_do_everything_the_backend_needs(ku
     st = b.cancel(h, wait_s=30)
     assert st.outcome is Outcome.CANCELLED, st
     review = client.AuthorizationV1Api(b.api.api_client).create_self_subject_access_review(
-        client.V1SelfSubjectAccessReview(spec={"resourceAttributes": {"verb": "*", "resource": "*", "group": "*"}})
+        client.V1SelfSubjectAccessReview(
+            spec={"resourceAttributes": {"verb": "*", "resource": "*", "group": "*"}}
+        )
     )
     assert review.status.allowed is False  # never cluster-admin
-    for verb, res, ns in [("delete", "nodes", None), ("create", "pods", "default"), ("get", "secrets", NS)]:
+    for verb, res, ns in [
+        ("delete", "nodes", None),
+        ("create", "pods", "default"),
+        ("get", "secrets", NS),
+    ]:
         r = client.AuthorizationV1Api(b.api.api_client).create_self_subject_access_review(
-            client.V1SelfSubjectAccessReview(spec={"resourceAttributes": {"verb": verb, "resource": res, "namespace": ns}})
+            client.V1SelfSubjectAccessReview(
+                spec={"resourceAttributes": {"verb": verb, "resource": res, "namespace": ns}}
+            )
         )
         assert r.status.allowed is False, (verb, res, ns)
 
@@ -138,8 +97,19 @@ def test_without_get_on_nodes_the_error_names_the_permission(kube_cluster, sa_ku
 
     cfg, docs = sa_kubeconfig
     role = next(d for d in docs if d["kind"] == "ClusterRole")
-    cut = {**role, "rules": [{**r, "verbs": [v for v in r["verbs"] if not (v == "get" and "nodes" in r["resources"])]} for r in role["rules"]]}
-    client.RbacAuthorizationV1Api(kube_cluster.api.api_client).replace_cluster_role(role["metadata"]["name"], cut)
+    cut = {
+        **role,
+        "rules": [
+            {
+                **r,
+                "verbs": [v for v in r["verbs"] if not (v == "get" and "nodes" in r["resources"])],
+            }
+            for r in role["rules"]
+        ],
+    }
+    client.RbacAuthorizationV1Api(kube_cluster.api.api_client).replace_cluster_role(
+        role["metadata"]["name"], cut
+    )
     b = backend(cfg)
     h = b.launch(IDENT, 1, "spot", ["sleep", "600"], checkpoint_uri="file:///tmp/x")
     until = time.monotonic() + 60
