@@ -54,6 +54,9 @@ class AttemptHandle:
     notice_at: float | None = None
     notice_sent: bool | None = None  # relayed to the pod's annotation
     gave_up: list[Any] | None = None  # [verdict, reason, evidence]: we deleted a pod that never ran
+    # the attempt's lease: it checkpoints and stops by itself once no watcher renewed it
+    lease_s: float | None = None
+    lease_until: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -270,10 +271,35 @@ def missing_members(backend: Any) -> list[str]:
 
 def look(backend: Backend, handle: AttemptHandle) -> AttemptStatus:
     """The attempt's status, after the backend did what it found due (a notice relayed, a
-    pod that will never run deleted): the turn's and the watcher's look."""
+    pod that will never run deleted), its lease renewed while it lives: the turn's and the
+    watcher's look."""
     status = backend.status(handle)
     backend.carry_out(handle, status)
+    if not status.terminal:
+        renew_lease(backend, handle)
     return status
+
+
+class Leases(Protocol):
+    """A backend whose attempts hold a lease: ``launch(..., lease_until=t)`` starts one with a
+    lease until wall time ``t``; :meth:`renew_lease` moves it. An attempt whose lease runs out
+    (no operator or trigger looked at it for that long: a failed try, a deleted run, a dead
+    triggerer) checkpoints and stops by itself, and says so in its log."""
+
+    def renew_lease(self, handle: AttemptHandle, until: float) -> None: ...
+
+
+def renew_lease(backend: Any, handle: AttemptHandle, now: float | None = None) -> None:
+    """Renew the attempt's lease once a third of it is spent (a write per third, not per look)."""
+    renew = getattr(backend, "renew_lease", None)
+    if not handle.lease_s or renew is None:
+        return
+    now = time.time() if now is None else now
+    if handle.lease_until is not None and handle.lease_until - now > handle.lease_s * 2 / 3:
+        return
+    until = now + handle.lease_s
+    renew(handle, until)
+    handle.lease_until = until
 
 
 def stop_and_release(backend: Backend, handle: AttemptHandle) -> AttemptStatus:

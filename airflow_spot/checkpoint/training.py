@@ -51,6 +51,9 @@ ENV = {
 }
 NOTICE_ANNOTATION = "airflow-spot/preemption-notice"
 HOLD_ANNOTATION = "airflow-spot/hold"  # "wait" while held, "go" once released
+# the attempt's lease (wall seconds since the epoch), renewed by the operator and its trigger:
+# past it nobody watches the pod, which checkpoints and stops by itself (exit PREEMPTED_EXIT)
+LEASE_ANNOTATION = "airflow-spot/lease-until"
 HOLD_POLL_S = 0.2
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: "stopped on request after saving"
 CONFIG_EXIT = 78  # sysexits' EX_CONFIG: the operator fails the task at once, without retries
@@ -148,6 +151,8 @@ class TrainingSession:
             return
         log.info("Held (make-before-break): waiting for %s to be released.", HOLD_ANNOTATION)
         while _annotation(self.hold_file, HOLD_ANNOTATION) != "go":
+            if self.lease_expired():  # held, and nobody watches: nothing to save yet
+                sys.exit(PREEMPTED_EXIT)
             if self.stop_requested:
                 log.warning("SIGTERM while held: exiting with %d, nothing saved.", PREEMPTED_EXIT)
                 sys.exit(PREEMPTED_EXIT)
@@ -178,12 +183,29 @@ class TrainingSession:
         return m.step, files
 
     def notice(self) -> bool:
-        """A preemption is coming: SIGTERM, the notice file, or the pod's notice annotation."""
+        """A preemption is coming (SIGTERM, the notice file, or the pod's notice annotation),
+        or the pod's lease ran out: stop after saving."""
         if self.stop_requested or (self.notice_file is not None and self.notice_file.exists()):
             return True
-        return self.annotations_file is not None and _annotation_set(
-            self.annotations_file, NOTICE_ANNOTATION
+        if self.annotations_file is None:
+            return False
+        return _annotation_set(self.annotations_file, NOTICE_ANNOTATION) or self.lease_expired()
+
+    def lease_expired(self) -> bool:
+        """The pod's lease annotation (Kubernetes) is in the past: nobody renews it."""
+        if self.annotations_file is None:
+            return False
+        try:
+            until = float(_annotation(self.annotations_file, LEASE_ANNOTATION) or "")
+        except ValueError:
+            return False
+        if self.clock() <= until:
+            return False
+        log.warning(
+            "Lease expired at %s: no operator or trigger renewed it; checkpointing and stopping.",
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until)),
         )
+        return True
 
     @_exit_on_config_error
     def step_done(

@@ -35,6 +35,7 @@ ARGUMENTS = (
     "decision_interval",
     "poll_interval",
     "min_deferral",
+    "lease",
     "aws_conn_id",
 )
 REQUIRED = {
@@ -45,6 +46,13 @@ REQUIRED = {
 MIN_DECISION_INTERVAL = timedelta(seconds=0.1)
 MIN_POLL_INTERVAL = 0.01
 MAX_HOLD_S = 10.0  # a deferred task resumes no sooner (see min_deferral)
+MIN_LEASE = timedelta(minutes=5)  # the default lease's floor: a real kubelet refreshes the
+# downward-API annotations file about once a minute, so a pod sees a renewal that late
+
+
+def default_lease(decision_interval: timedelta) -> timedelta:
+    """Three decision intervals, and at least :data:`MIN_LEASE`."""
+    return max(3 * decision_interval, MIN_LEASE)
 
 
 def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
@@ -152,6 +160,16 @@ def _check_timing(v: dict[str, Any]) -> None:
             raise ConfigError(
                 "min_deferral",
                 f"must be a timedelta >= 0 (shorter waits stay in the worker), got {md!r}",
+            )
+    if v.get("lease") is not None:
+        lease, poll = v["lease"], v.get("poll_interval", 5.0)
+        poll = poll if finite_number(poll) else 5.0
+        if not isinstance(lease, timedelta) or lease.total_seconds() < max(1.0, 3 * poll):
+            raise ConfigError(
+                "lease",
+                f"must be a timedelta of at least {max(1.0, 3 * poll):g} s (3 poll_intervals: "
+                "how long an attempt trains on with nobody renewing its lease before it "
+                f"checkpoints and stops by itself), or None for the default; got {lease!r}",
             )
     conn = v.get("aws_conn_id")
     if conn is not None and (not isinstance(conn, str) or not conn.strip()):

@@ -240,6 +240,8 @@ class LiveAttempt:
                 pool = self.capacity.choose_pool(now, job.spot_price)
                 price = self.capacity.pool_price(pool, now, job.spot_price)
         launch: Any = self.backend.launch  # ``hold`` only where the backend HandsOver
+        lease_s = self.args.lease_s if hasattr(self.backend, "renew_lease") else None
+        lease = {"lease_until": now + lease_s} if lease_s else {}
         handle = launch(
             self.ident.to_dict(),
             n,
@@ -250,7 +252,10 @@ class LiveAttempt:
             market=self.capacity.market_of(pool),
             pool=pool,
             **({"hold": True} if hold else {}),
+            **lease,
         )
+        if lease:  # renewed by every look (backends.base.look), the trigger's included
+            handle.lease_s, handle.lease_until = lease_s, lease["lease_until"]
         rec = AttemptRecord(
             n,
             capacity.value,

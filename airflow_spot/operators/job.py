@@ -59,6 +59,7 @@ class JobArgs:
     max_failures: int
     decision_interval: timedelta
     poll_interval: float
+    lease_s: float | None = None  # each attempt's lease (None: attempts hold none)
 
     @staticmethod
     def argv(command: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:

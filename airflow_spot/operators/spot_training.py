@@ -30,6 +30,7 @@ from airflow_spot.operators.arguments import (
     TEMPLATE_FIELDS,
     argv_of,
     check_arguments,
+    default_lease,
     resolve_deadline,
 )
 from airflow_spot.operators.links import SpotTimelineLink
@@ -94,6 +95,12 @@ class SpotTrainingOperator(BaseOperator):
         3)`` after deferring. Airflow (3.3, apache/airflow#71580 and #72716) may fail a task
         whose trigger fires within seconds of deferring: the worker's exit is reported late,
         as a success of the same try. ``timedelta(0)`` turns both off.
+    :param lease: how long an attempt trains on while nobody watches it. The operator and its
+        trigger renew each attempt's lease while they look (a file for the local supervisor, a
+        pod annotation the container reads through the downward API); once it runs out (a
+        failed try, a deleted DAG run, a triggerer that never comes back) the attempt
+        checkpoints and stops by itself and says so in its log, and the next try resumes from
+        that checkpoint. Default: three ``decision_interval`` and at least 5 minutes.
     :param aws_conn_id: the Airflow AWS connection the operator reads an ``s3://``
         ``checkpoint_uri`` with (``None``: boto3's own environment of the worker). The training
         process writes with its own credentials: the worker's environment for the local
@@ -124,6 +131,7 @@ class SpotTrainingOperator(BaseOperator):
         poll_interval: float = 5.0,
         deferrable: bool = True,
         min_deferral: timedelta = timedelta(seconds=30),
+        lease: timedelta | None = None,
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -157,6 +165,7 @@ class SpotTrainingOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.deferrable = deferrable
         self.min_deferral = min_deferral
+        self.lease = lease
         self.aws_conn_id = aws_conn_id
         self._validate_static()
 
@@ -362,6 +371,7 @@ class SpotTrainingOperator(BaseOperator):
             max_failures=self.max_failures,
             decision_interval=self.decision_interval,
             poll_interval=self.poll_interval,
+            lease_s=(self.lease or default_lease(self.decision_interval)).total_seconds(),
         )
 
     def identity(self, context: Context) -> TaskIdentity:

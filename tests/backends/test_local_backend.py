@@ -261,3 +261,72 @@ def test_the_log_tail_reads_only_the_end(tmp_path: Path) -> None:
         f"line {i}" for i in range(85, 100)
     ]
     assert b.log_tail(AttemptHandle(run_dir=str(tmp_path / "none"))) == "(no log)"
+
+
+def test_an_attempt_nobody_renews_checkpoints_and_stops_by_itself(tmp_path: Path) -> None:
+    """Its lease runs out with nobody renewing it: the supervisor gives the training the
+    notice (it checkpoints), stops it, ends the attempt as an infrastructure disruption
+    ("lease expired") and says so in the attempt's log; nothing is left running."""
+    from airflow_spot.checkpoint.checkpoints import Checkpoints
+    from airflow_spot.checkpoint.stores import open_store
+    from airflow_spot.testing import train_command
+
+    b, market = _backend(tmp_path, [(False, 100)])
+    ckpt = tmp_path / "c"
+    h = b.launch(
+        IDENT,
+        1,
+        "on_demand",
+        train_command(10_000, step_seconds=0.01, save_every=1000),
+        checkpoint_uri=str(ckpt),
+        changeover_wall_s=0.0,
+        market=market,
+        lease_until=time.time() + 2.0,
+    )
+    time.sleep(1.2)
+    assert b.status(h).state.value == "running"
+    st = _wait(b, h)
+    assert st.outcome is Outcome.INFRA_DISRUPTION and "lease expired" in st.reason, st
+    assert st.exit_code == 143  # the helper saved on the notice and exited
+    latest = Checkpoints(open_store(str(ckpt))).latest_valid()
+    assert latest is not None and 0 < latest.step < 10_000  # checkpointed where it stopped
+    assert "airflow-spot: lease expired" in (Path(str(h.run_dir)) / "attempt.log").read_text()
+    pid = json.loads((Path(str(h.run_dir)) / "status.json").read_text())["child_pid"]
+    assert not _alive_in_group(pid)
+
+
+def test_a_renewed_lease_keeps_the_attempt_training(tmp_path: Path) -> None:
+    """Looks that renew the lease (``backends.base.look``) keep it alive past its first term;
+    a lease that runs out while spot is awaited ends the wait at once."""
+    from airflow_spot.backends.base import look
+
+    b, market = _backend(tmp_path, [(False, 100)])
+    until0 = time.time() + 1.5
+    h = b.launch(
+        IDENT,
+        1,
+        "on_demand",
+        [sys.executable, "-c", "import time; time.sleep(3.5)"],
+        checkpoint_uri=str(tmp_path / "c"),
+        changeover_wall_s=0.0,
+        market=market,
+        lease_until=until0,
+    )
+    h.lease_s, h.lease_until = 1.5, until0  # as the operator sets them when it launches
+    until = time.time() + 10
+    while not (st := look(b, h)).terminal and time.time() < until:
+        time.sleep(0.2)
+    assert st.outcome is Outcome.SUCCEEDED, st
+    spot = dict(IDENT, task_id="spot")
+    h2 = b.launch(
+        spot,
+        1,
+        "spot",
+        SLEEPER,
+        checkpoint_uri=str(tmp_path / "c2"),
+        changeover_wall_s=0.1,
+        market=market,
+        lease_until=time.time() + 1.0,
+    )
+    st2 = _wait(b, h2)
+    assert st2.outcome is Outcome.INFRA_DISRUPTION and "while waiting for spot" in st2.reason

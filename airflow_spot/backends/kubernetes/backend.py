@@ -39,6 +39,7 @@ from airflow_spot.backends.kubernetes.classify import (
     node_is_spot,
 )
 from airflow_spot.backends.kubernetes.cluster import ClusterView
+from airflow_spot.backends.kubernetes.connection import reaching_server, settings_error
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
 from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE
 from airflow_spot.backends.kubernetes.template import (
@@ -47,7 +48,11 @@ from airflow_spot.backends.kubernetes.template import (
     load_pod_template,
 )
 from airflow_spot.backends.signals import SpotSignal
-from airflow_spot.checkpoint.training import HOLD_ANNOTATION, NOTICE_ANNOTATION
+from airflow_spot.checkpoint.training import (
+    HOLD_ANNOTATION,
+    LEASE_ANNOTATION,
+    NOTICE_ANNOTATION,
+)
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 from airflow_spot.jobstate import AttemptHandle
 
@@ -302,9 +307,16 @@ class KubernetesBackend:
             config_file=self.config_file,
             in_cluster=self.in_cluster,
         )
-        return hook.core_v1_client
+        try:
+            return hook.core_v1_client
+        except Exception as e:
+            error = settings_error(self, e)  # the setting named, not the client's traceback
+            if error is None:
+                raise
+            raise error from e
 
     # -- attempts ---------------------------------------------------------------------------
+    @reaching_server
     def launch(
         self,
         ident: dict[str, Any],
@@ -318,6 +330,7 @@ class KubernetesBackend:
         env: dict[str, str] | None = None,
         pool: str = "",  # noqa: ARG002
         hold: bool = False,
+        lease_until: float | None = None,
     ) -> AttemptHandle:
         """Create the attempt's pod (after removing any leftover pod of this task, a probe's
         included; held, the running pods of other attempts are kept). ``hold``: a make-before-break return: once the pod is bound and its
@@ -337,6 +350,19 @@ class KubernetesBackend:
             ident["run_id"],
             int(ident.get("map_index", -1)),
         )
+        # built first: a template that is not a pod fails before anything is deleted
+        pod = self._build_pod(
+            name=name,
+            labels=labels,
+            ident=ident,
+            attempt=attempt,
+            capacity=capacity,
+            command=command,
+            checkpoint_uri=checkpoint_uri,
+            env=env,
+            pool=pool,
+            hold=hold,
+        )
         for old in self.api.list_namespaced_pod(self.namespace, label_selector=selector).items:
             ended = old.status is not None and old.status.phase in ("Succeeded", "Failed")
             if ended and old.metadata.name != name and self.delete_pods != "always":
@@ -351,20 +377,13 @@ class KubernetesBackend:
             self._delete(old.metadata.name, grace=0)
             if old.metadata.name == name:  # its name is the new pod's: wait until it is gone
                 self._wait_gone(name, 30.0)
-        pod = self._build_pod(
-            name=name,
-            labels=labels,
-            ident=ident,
-            attempt=attempt,
-            capacity=capacity,
-            command=command,
-            checkpoint_uri=checkpoint_uri,
-            env=env,
-            pool=pool,
-            hold=hold,
-        )
         from kubernetes.client.exceptions import ApiException
 
+        if lease_until is not None:  # the container reads it through the downward API
+            pod.metadata.annotations = {
+                **(pod.metadata.annotations or {}),
+                LEASE_ANNOTATION: repr(lease_until),
+            }
         try:
             self.api.create_namespaced_pod(self.namespace, pod)
         except ApiException as e:
@@ -384,6 +403,23 @@ class KubernetesBackend:
             pending_since=now,
         )
 
+    @reaching_server
+    def renew_lease(self, handle: AttemptHandle, until: float) -> None:
+        """Move the pod's lease annotation to wall time ``until`` (the container, through the
+        downward API, checkpoints and stops once it is past). A pod gone is left to
+        :meth:`status`."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"metadata": {"annotations": {LEASE_ANNOTATION: repr(until)}}}
+        try:
+            self.api.patch_namespaced_pod(_pod(handle), self.namespace, body)
+        except ApiException as e:
+            if e.status != 404:
+                raise BackendError(
+                    f"renewing the lease of pod {_pod(handle)}: {e.status} {e.reason}"
+                ) from e
+
+    @reaching_server
     def release_hold(self, handle: AttemptHandle) -> None:
         """Let a held pod (``launch(hold=True)``) train: the attempt it replaces has
         checkpointed and stopped. Its annotation turns ``go`` (the container sees it through
@@ -404,6 +440,7 @@ class KubernetesBackend:
                 raise BackendError(f"releasing pod {name}: {e.status} {e.reason}") from e
             log.warning("Pod %s is gone before its hold was released.", name)
 
+    @reaching_server
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """Read pod, node and events and classify. Records what it saw in ``handle`` (the
         pod's node, capacity and notice, kept for a verdict after the node is gone); changes
@@ -529,6 +566,7 @@ class KubernetesBackend:
     def progress(self, handle: AttemptHandle) -> dict[str, Any] | None:  # noqa: ARG002
         return None  # measured from checkpoints by the controller
 
+    @reaching_server
     def cancel(self, handle: AttemptHandle, wait_s: float = 60.0) -> AttemptStatus:
         """Delete the pod and wait until it is gone (even if its status cannot be read). A pod
         that already ended is left for the caller's :meth:`release` (after its log is read)."""
@@ -572,6 +610,7 @@ class KubernetesBackend:
         failed = _failed_init(self._read_pod(pod_name))
         return failed.name if failed is not None else "train"
 
+    @reaching_server
     def release(self, handle: AttemptHandle, outcome: str) -> None:
         """Delete an ended attempt's pod per ``delete_pods``."""
         if self.delete_pods == "always" or (
@@ -658,6 +697,7 @@ class KubernetesBackend:
         worker may not read (403) is warned about once and left out from then on."""
         return self._cluster.signals(self._spot_placements(), now)
 
+    @reaching_server
     def probe(self, ident: dict[str, Any], pool: str = "") -> dict[str, Any]:
         """Start a probe pod for spot in ``pool`` (after deleting this task's leftover probe of
         that pool); returns its handle ``{namespace, name, pool, created_at}`` (JSON-able)."""
@@ -724,6 +764,7 @@ class KubernetesBackend:
             refusals=refusals,
         )
 
+    @reaching_server
     def drop_probe(self, probe: dict[str, Any]) -> None:
         """Delete the probe at once (grace 0), so a node made for it goes back; gone is fine."""
         self._cluster.delete_pod(probe["namespace"], probe["name"])

@@ -525,6 +525,47 @@ def signal_after_notice(f: Facts) -> Classification | None:
     )
 
 
+def _ts(v: Any) -> float | None:
+    """Wall seconds of an API time (a datetime, or RFC 3339 text); None if absent or bad."""
+    if v is None:
+        return None
+    if hasattr(v, "timestamp"):
+        return float(v.timestamp())
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+LEASE_ANNOTATION = "airflow-spot/lease-until"  # as checkpoint.training (kept pure here)
+LEASE_EXIT = 143  # the helper's exit after saving (checkpoint.training.PREEMPTED_EXIT)
+
+
+def lease_expired(f: Facts) -> Classification | None:
+    """The container stopped itself (exit 143 after saving) past the pod's lease: nobody
+    watched it (a failed try, a dead triggerer). An infrastructure disruption of the
+    orchestration, never the application's failure."""
+    ann = _g(_g(f.pod, "metadata") or {}, "annotations") or {}
+    try:
+        until = float(ann.get(LEASE_ANNOTATION) or "")
+    except ValueError:
+        return None
+    ended = [
+        _ts(_g(t, "finished_at", "finishedAt"))
+        for t in f.terminated
+        if _g(t, "exit_code", "exitCode") == LEASE_EXIT
+    ]
+    if f.phase != "Failed" or not ended or (ended[0] is not None and ended[0] + 1.0 < until):
+        return None
+    return _infra(
+        "lease expired: no operator or trigger renewed it; checkpointed and stopped by itself",
+        f"annotation {LEASE_ANNOTATION}={until:.0f}",
+        f"exit {LEASE_EXIT}",
+    )
+
+
 def exit_on_healthy_capacity(f: Facts) -> Classification | None:
     """Non-zero exits of a failed pod with no cloud evidence and no NotReady node."""
     bad = f.bad_exits
@@ -624,6 +665,7 @@ RULES: tuple[Rule, ...] = (
     node_lost_while_running,
     oom_killed,
     signal_after_notice,
+    lease_expired,
     exit_on_healthy_capacity,
     exit_while_reclaimed,
     failed_unexplained,

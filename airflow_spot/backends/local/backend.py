@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_pools
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
+from airflow_spot.backends.local.supervisor import write_lease
 from airflow_spot.checkpoint.training import ENV
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 from airflow_spot.jobstate import AttemptHandle
@@ -196,13 +197,16 @@ class LocalBackend:
         env: dict[str, str] | None = None,
         pool: str = "",  # noqa: ARG002 - the market given is already the chosen pool's
         hold: bool = False,
+        lease_until: float | None = None,
     ) -> AttemptHandle:
         """Start attempt ``attempt`` under a detached supervisor; returns its handle.
 
         ``ident``: dag_id, task_id, run_id, map_index (and try_number) of the task instance.
         ``hold``: a make-before-break return: once capacity is granted and the changeover is
         paid, the attempt reports ``ready_at`` and waits for :meth:`release_hold` (the attempt
-        it replaces checkpoints and stops first) before the training command starts."""
+        it replaces checkpoints and stops first) before the training command starts.
+        ``lease_until``: the attempt's lease (``LEASE`` in its folder, see :meth:`renew_lease`):
+        past it the supervisor has the command checkpoint and stop, and ends the attempt."""
         run_key = "/".join(
             _safe(str(ident[k])) for k in ("dag_id", "run_id", "task_id", "map_index")
         )
@@ -232,6 +236,7 @@ class LocalBackend:
             "grace_s": self.grace_s,
             "notice_file": str(run_dir / "NOTICE"),
             "hold_file": str(run_dir / "GO") if hold else None,
+            "lease_file": str(run_dir / "LEASE") if lease_until is not None else None,
             "market": market.to_dict(),
             "env": {
                 **self.extra_env,
@@ -243,6 +248,8 @@ class LocalBackend:
                 ENV["attempt"]: str(attempt),
             },
         }
+        if lease_until is not None:
+            write_lease(run_dir / "LEASE", lease_until)
         (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
         subprocess.run(
             [
@@ -257,6 +264,12 @@ class LocalBackend:
             timeout=30,
         )
         return AttemptHandle(launched_at=time.time(), run_dir=str(run_dir))
+
+    def renew_lease(self, handle: AttemptHandle, until: float) -> None:
+        """Move the attempt's lease to wall time ``until`` (its supervisor reads ``LEASE``)."""
+        run_dir = Path(str(handle.run_dir))
+        if run_dir.is_dir():
+            write_lease(run_dir / "LEASE", until)
 
     def release_hold(self, handle: AttemptHandle) -> None:
         """Let a held attempt (``launch(hold=True)``) start training: the attempt it replaces

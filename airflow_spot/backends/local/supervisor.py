@@ -12,6 +12,13 @@ On spot, when the replayed market takes capacity away: the notice file appears, 
 ``preempted`` unless the command exits 0 first. A non-zero exit on healthy capacity is an
 ``app_failure``. SIGTERM to the supervisor itself cancels: the whole group is killed and the
 outcome is ``cancelled``. Nothing is left running.
+
+The lease (``lease_file``, renewed by the operator and its trigger while they watch): once it
+runs out, nobody watches the attempt (a failed try, a deleted run, a dead triggerer), so it
+stops by itself: waiting or starting, at once; training, with the notice, SIGTERM and SIGKILL
+of a reclaim, so that the command checkpoints first. The outcome is ``infra_disruption``
+(``lease expired ...``), said in the attempt's log too; the next try resumes from that
+checkpoint.
 """
 
 from __future__ import annotations
@@ -35,12 +42,18 @@ from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
 COMMAND_ERRNOS = {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR}
 POLL_S = 0.02
 OOM_EXIT = 137
+LEASE_READ_S = 0.2  # the lease file is read at most this often
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
+
+
+def write_lease(path: Path, until: float) -> None:
+    """The attempt's lease: it stops by itself after wall time ``until``."""
+    write_json(path, {"until": until})
 
 
 class Supervisor:
@@ -57,6 +70,10 @@ class Supervisor:
         self.notice_path = Path(self.spec["notice_file"])
         self.child: subprocess.Popen | None = None
         self.cancel_requested = False
+        self.lease_path = Path(self.spec["lease_file"]) if self.spec.get("lease_file") else None
+        self._lease_until: float | None = None
+        self._lease_read = 0.0
+        self.lease_expired_at: float | None = None
         self.doc: dict[str, Any] = AttemptStatus(
             State.WAITING if self.capacity == "spot" else State.LAUNCHING,
             self.capacity,
@@ -86,6 +103,35 @@ class Supervisor:
     def spot_up(self) -> bool:
         return self.market is None or self.market.available_at(time.time())
 
+    def lease_over(self) -> bool:
+        """Whether the lease ran out (read from its file at most every LEASE_READ_S; a file
+        that cannot be read keeps the last lease read)."""
+        if self.lease_path is None:
+            return False
+        now = time.time()
+        if now - self._lease_read >= LEASE_READ_S:
+            self._lease_read = now
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                self._lease_until = float(json.loads(self.lease_path.read_text())["until"])
+        return self._lease_until is not None and now > self._lease_until
+
+    def _say(self, text: str) -> None:
+        """A line in the attempt's log (where the user reads what happened to it)."""
+        with contextlib.suppress(OSError), open(self.run_dir / "attempt.log", "ab") as log:
+            log.write(f"airflow-spot: {text}\n".encode())
+
+    def _lease_gone(self, when: str) -> bool:
+        """Before training: a lease run out ends the attempt (nothing to checkpoint yet)."""
+        if not self.lease_over():
+            return False
+        why = (
+            f"lease expired {when}: no operator or trigger renewed it since "
+            f"{_clock(self._lease_until)}; stopped by itself (nothing trained yet)"
+        )
+        self._say(why)
+        self.finish(Outcome.INFRA_DISRUPTION, why, lease_until=self._lease_until)
+        return True
+
     # -- life -----------------------------------------------------------------------------
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_cancel)
@@ -112,7 +158,7 @@ class Supervisor:
 
     def _wait_for_spot(self) -> bool:
         while not self.spot_up():
-            if self._cancelled():
+            if self._cancelled() or self._lease_gone("while waiting for spot"):
                 return False
             time.sleep(POLL_S)
         return True
@@ -138,7 +184,7 @@ class Supervisor:
         """Wait until ``over()`` while spot holds: False when cancelled or reclaimed (a
         preemption before any work)."""
         while not over():
-            if self._cancelled():
+            if self._cancelled() or self._lease_gone(when):
                 return False
             if not self.spot_up():
                 tick = self.market.tick_at(time.time()) if self.market else None
@@ -203,6 +249,14 @@ class Supervisor:
             now = time.time()
             if self._cancelled():
                 return
+            if notice_at is None and self.lease_over():
+                notice_at = self.lease_expired_at = now
+                self._say(
+                    f"lease expired: no operator or trigger renewed it since "
+                    f"{_clock(self._lease_until)}; checkpointing and stopping"
+                )
+                self.notice_path.write_text(json.dumps({"reason": "lease expired", "at": now}))
+                self.publish(state=State.PREEMPTING.value, notice_at=now, lease_expired_at=now)
             if notice_at is None and not self.spot_up():
                 notice_at = now
                 self.notice_path.write_text(
@@ -237,6 +291,15 @@ class Supervisor:
             )
         elif rc == 0:
             self.finish(Outcome.SUCCEEDED, "the training command exited 0", exit_code=0)
+        elif self.lease_expired_at is not None:
+            self.finish(
+                Outcome.INFRA_DISRUPTION,
+                f"lease expired: no operator or trigger renewed it since "
+                f"{_clock(self._lease_until)}; checkpointed and stopped by itself",
+                exit_code=rc,
+                lease_until=self._lease_until,
+                notice_at=notice_at,
+            )
         elif notice_at is not None:
             self.finish(
                 Outcome.PREEMPTED,
@@ -274,6 +337,10 @@ class Supervisor:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.child.pid, sig)
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t else "?"
 
 
 def main(argv: list[str]) -> int:

@@ -770,3 +770,37 @@ def test_a_pod_gone_after_the_schedulers_preemption_is_not_a_spot_reclaim() -> N
     c = classify(None, None, [event], was_spot=True, was_running=True)
     assert c.verdict is Verdict.INFRA_DISRUPTION and "scheduler" in c.reason, c
     assert classify(None, None, [], was_spot=True, was_running=True).verdict is Verdict.PREEMPTED
+
+
+@pytest.mark.parametrize(
+    ("finished", "code", "verdict"),
+    [
+        ("2026-01-01T00:00:10Z", 143, Verdict.INFRA_DISRUPTION),  # after the lease: stopped itself
+        ("2026-01-01T00:00:01Z", 143, Verdict.APP_FAILURE),  # before it: not the lease's doing
+        ("2026-01-01T00:00:10Z", 1, Verdict.APP_FAILURE),  # a real failure past the lease
+    ],
+)
+def test_a_pod_that_stopped_itself_past_its_lease_is_not_an_application_failure(
+    finished, code, verdict
+) -> None:
+    """Exit 143 at or after the pod's ``airflow-spot/lease-until``: the helper checkpointed
+    and stopped because nobody renewed the lease (an infrastructure disruption); other exits,
+    or a 143 well before the lease, keep their usual verdict."""
+    lease = 1767225605.0  # 2026-01-01T00:00:05Z
+    p = {
+        "metadata": {"name": "t", "annotations": {"airflow-spot/lease-until": repr(lease)}},
+        "spec": {"containers": [{"name": "train", "image": "img"}]},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "train",
+                    "state": {"terminated": {"exitCode": code, "finishedAt": finished}},
+                }
+            ],
+        },
+    }
+    n = node({"karpenter.sh/capacity-type": "on-demand"})
+    c = classify(p, n, [])
+    assert c.verdict is verdict, c
+    assert ("lease expired" in c.reason) is (verdict is Verdict.INFRA_DISRUPTION)

@@ -184,3 +184,32 @@ def test_priority_preemption_by_the_scheduler_is_not_a_spot_reclaim(kube_cluster
     st = ended(b, h)
     assert st.outcome is Outcome.INFRA_DISRUPTION, st
     assert "scheduler" in st.reason or "PreemptionByScheduler" in str(st.evidence), st
+
+
+def test_a_pod_nobody_renews_checkpoints_and_stops_by_itself(kube_cluster, tmp_path) -> None:
+    """The pod's lease annotation, read in the container through the downward API, runs out
+    with nobody renewing it: the training checkpoints and exits 143, and the attempt is an
+    infrastructure disruption ("lease expired"), never an application failure; a renewal
+    (``renew_lease``) moves the annotation on the real API server."""
+    from airflow_spot.checkpoint.checkpoints import Checkpoints
+    from airflow_spot.checkpoint.stores import open_store
+    from airflow_spot.testing import train_command
+
+    b = backend(kube_cluster)
+    ckpt = tmp_path / "ckpt"
+    h = b.launch(
+        IDENT,
+        1,
+        "on_demand",
+        train_command(100_000, step_seconds=0.01, save_every=10_000),
+        checkpoint_uri=str(ckpt),
+        lease_until=time.time() + 4.0,
+    )
+    b.renew_lease(h, time.time() + 5.0)  # one renewal, then nobody looks
+    ann = b.api.read_namespaced_pod(h.pod, b.namespace).metadata.annotations
+    assert float(ann["airflow-spot/lease-until"]) > time.time() + 4.0
+    st = ended(b, h, timeout=60)
+    assert st.outcome is Outcome.INFRA_DISRUPTION and "lease expired" in st.reason, st
+    assert st.exit_code == 143
+    latest = Checkpoints(open_store(str(ckpt))).latest_valid()
+    assert latest is not None and 0 < latest.step < 100_000
