@@ -42,6 +42,8 @@ FLAGS = {
     "polarity": "--polarity",
     "nodes": "--nodes",
     "policy": "--policy",
+    "probe_hold_s": "--probe-hold",
+    "observe": "--observe",
 }
 
 

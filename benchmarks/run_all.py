@@ -17,6 +17,7 @@ SCRIPTS = [
     "multi_zone.py",
     "import_cost.py",
     "checkpoint_io.py",
+    "bad_inputs.py",
 ]
 
 if __name__ == "__main__":

@@ -51,6 +51,59 @@ class LiveAttempt:
         self.close(live, status, now)
         return live
 
+    def recover(self, now: float) -> list[AttemptRecord]:
+        """At a try's start: adopt the attempts the backend shows that no record holds (a worker
+        launched them and died before saving their record). The live one recorded is read first
+        (closed if it ended); then each found attempt gets its record: re-attached if it lives
+        and nothing else does, closed with its verdict if it ended, stopped if another one
+        lives (at most one attempt trains). Returns the records made."""
+        find = getattr(self.backend, "find_attempts", None)
+        st = self.state
+        if find is None:
+            return []
+        known = {(a.handle.run_dir, a.handle.pod) for a in st.attempts}
+        found = [
+            h
+            for h in find(self.ident.to_dict())
+            if (h.run_dir, h.pod) not in known and (h.attempt or 0) > len(st.attempts)
+        ]
+        if not found:
+            return []
+        if st.live is not None:
+            self.refresh(now)  # the recorded attempt ended before the unrecorded one began
+        made = []
+        for h in found:
+            prev = st.attempts[-1] if st.attempts else None
+            rec = AttemptRecord(
+                int(h.attempt or len(st.attempts) + 1),
+                str(h.capacity or "on_demand"),
+                h,
+                float(h.launched_at or now),
+                step_start=(prev.ckpt_step_end or prev.step_end or 0) if prev else 0,
+            )
+            st.attempts.append(rec)
+            made.append(rec)
+            status = look(self.backend, h)
+            self.sync(rec, status)
+            if status.terminal:
+                self.close(rec, status, now)
+            elif st.live is None:
+                st.current = len(st.attempts) - 1
+                log.warning(
+                    "Attempt %d on %s was launched by a try that died before recording it: "
+                    "re-attached to it (it is recorded now).",
+                    rec.attempt,
+                    rec.capacity,
+                )
+                continue
+            else:
+                self.close(rec, self.backend.cancel(h), now)
+            rec.reason = (
+                f"{rec.reason} (launched by a try that died before recording it; "
+                "recorded by the next try)"
+            )
+        return made
+
     def refresh_coming(self, now: float) -> None:
         """Read the spot attempt launching while on-demand trains (a make-before-break
         return): ended (reclaimed before it was ready, say): closed, and on-demand goes on;

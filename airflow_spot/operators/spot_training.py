@@ -217,14 +217,17 @@ class SpotTrainingOperator(BaseOperator):
 
             return finished_again(raw, str(self.checkpoint_uri), self.log)
         else:
+            # a bad deadline fails before a location is claimed or a failed job set aside
+            self._resolve_deadline(time.time())
             if raw and raw.get("failed"):  # cleared after failing for good: a new job
                 from airflow_spot.operators.start import set_aside_failed_job
 
                 set_aside_failed_job(
                     store, STATE_KEY, JobState.from_dict(raw), self._backend(), self.log
                 )
-            else:
-                self._check_earlier_checkpoints(context)
+                state = self._new_state(time.time())
+                return self._run_turns(context, state, None, recover=False)
+            self._check_earlier_checkpoints(context)
             state = self._new_state(time.time())
         return self._run_turns(context, state, None)
 
@@ -393,15 +396,21 @@ class SpotTrainingOperator(BaseOperator):
         )
 
     # -- the loop ---------------------------------------------------------------------------
-    def _run_turns(self, context: Context, state: JobState, event: Any) -> Any:
+    def _run_turns(
+        self, context: Context, state: JobState, event: Any, *, recover: bool = True
+    ) -> Any:
         """Turn after turn until the job is done: between turns, defer to the triggerer (a
-        long wait) or wait here (a short one, or ``deferrable=False``)."""
+        long wait) or wait here (a short one, or ``deferrable=False``). A try's first turn
+        (``event`` None) first adopts attempts a dead worker launched without recording them
+        (``recover``; not for a job that replaces one set aside)."""
         from airflow.sdk.exceptions import AirflowTaskTimeout
 
         from airflow_spot.operators.summary import xcom_summary
 
         turn = self.turn(state, context)
         store = context["task_state_store"]
+        if event is None and recover and turn.attempt.recover(time.time()):
+            store.set(STATE_KEY, state.to_dict())
         while True:
             try:  # (TaskDeferred is a BaseException: deferring passes through)
                 result = turn.advance(event)

@@ -6,11 +6,11 @@ callers convert wall clocks at the edge. Nothing here reads a clock.
 
 from __future__ import annotations
 
-import math
+import numbers
 from dataclasses import dataclass
 from enum import Enum
 
-from airflow_spot.exceptions import InfeasibleDeadline, InvalidJobSpec
+from airflow_spot.exceptions import InfeasibleDeadline, InvalidJobSpec, finite_number
 
 HOUR = 3600.0
 # p3.2xlarge in us-west-2, the paper's and the benchmarks' prices: the defaults where none is given
@@ -52,14 +52,15 @@ class JobSpec:
         _positive("deadline_s", self.deadline_s, "seconds from the job's start")
         _positive("tick_s", self.tick_s, "the decision interval in seconds")
         _positive("on_demand_price", self.on_demand_price, "price per hour of on-demand capacity")
-        if not (math.isfinite(self.changeover_s) and self.changeover_s >= 0):
+        if not (finite_number(self.changeover_s) and self.changeover_s >= 0):
             raise InvalidJobSpec("changeover_s", f"must be >= 0 seconds, got {self.changeover_s!r}")
-        if not (math.isfinite(self.spot_price) and self.spot_price >= 0):
+        if not (finite_number(self.spot_price) and self.spot_price >= 0):
             raise InvalidJobSpec("spot_price", f"must be >= 0 per hour, got {self.spot_price!r}")
-        if self.max_preemptions is not None and self.max_preemptions < 0:
-            raise InvalidJobSpec(
-                "max_preemptions", f"must be >= 0 or None, got {self.max_preemptions}"
-            )
+        n = self.max_preemptions
+        if n is not None and not (
+            isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0
+        ):
+            raise InvalidJobSpec("max_preemptions", f"must be an integer >= 0 or None, got {n!r}")
         if self.deadline_s < self.work_s:
             raise InvalidJobSpec(
                 "deadline_s",
@@ -81,7 +82,7 @@ class JobSpec:
 
 
 def _positive(name: str, value: float, what: str) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    if not (finite_number(value) and value > 0):
         raise InvalidJobSpec(name, f"must be a positive number ({what}), got {value!r}")
 
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from airflow_spot.exceptions import ConfigError, finite_number
 from airflow_spot.ledger import Ledger, Phase, Segment
 from airflow_spot.policy import Capacity, Decision, JobSpec, Observation, Policy
 from airflow_spot.policy.base import EPS
@@ -62,6 +63,23 @@ NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
 OBSERVE = ("cluster", "oracle", "cluster-bbm")  # the last: an ablation (benchmarks only)
 _EXACT = float(1 << 52)  # whole numbers of seconds below this add up exactly
 FAST = True  # fast-forward steady stretches (see the module's notes); replay(fast=...) overrides
+
+
+def check_replay_options(observe: str, probe_hold_s: float | None) -> None:
+    """The replay's options, each named with its fix (checked before any replay runs)."""
+    if observe not in OBSERVE:
+        raise ConfigError(
+            "observe",
+            f"{observe!r} is not an observation model; choose one of {', '.join(OBSERVE)} "
+            "('cluster': spot seen as a cluster shows it; 'oracle': the paper's replay)",
+        )
+    if probe_hold_s is not None and not (finite_number(probe_hold_s) and probe_hold_s > 0):
+        raise ConfigError(
+            "probe_hold_s",
+            f"must be a number of seconds > 0 (how long a node a probe found and the job did "
+            f"not use is billed before it is given back), got {probe_hold_s!r}; leave it out "
+            "(None) to bill one changeover",
+        )
 
 
 def _observation_maker() -> Callable[..., Observation]:
@@ -253,8 +271,7 @@ def replay(
     an ablation). ``probe_hold_s``: how long capacity a probe found and the job did not
     use is billed (default: the job's changeover). ``fast``: fast-forward steady stretches
     where the policy offers a hint (default :data:`FAST`; off, every look is taken)."""
-    if observe not in OBSERVE:
-        raise ValueError(f"observe={observe!r}: choose one of {', '.join(OBSERVE)}")
+    check_replay_options(observe, probe_hold_s)
     steady = getattr(policy, "steady", None) if (FAST if fast is None else fast) else None
     if observe != "oracle":
         return _replay_cluster(

@@ -17,7 +17,7 @@ import numpy as np
 
 from airflow_spot.exceptions import UnknownPolicy
 from airflow_spot.policy import HOUR, JobSpec, get_policy
-from airflow_spot.simulate.engine import OBSERVE, replay
+from airflow_spot.simulate.engine import check_replay_options, replay
 from airflow_spot.simulate.omniscient import omniscient_costs
 from airflow_spot.simulate.traces import Trace
 
@@ -114,8 +114,7 @@ def sweep(
     optimum sees everything and is solved once)."""
     models = [observe] if isinstance(observe, str) else list(observe)
     for m in models:
-        if m not in OBSERVE:
-            raise ValueError(f"observe={m!r}: choose one of {', '.join(OBSERVE)}")
+        check_replay_options(m, probe_hold_s)
     if not traces:
         raise ValueError("no traces to sweep")
     gaps = {t.gap_s for t in traces}

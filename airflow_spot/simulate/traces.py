@@ -92,7 +92,9 @@ def load_trace(
     """Load one trace file; raises :class:`TraceFormatError` saying what was expected."""
     p = Path(path)
     if not p.is_file():
-        raise TraceFormatError("trace", f"{p} is not a file")
+        raise TraceFormatError(
+            "trace", f"{p} is not a file; give a .json or .csv trace, or 'bundled:<name>'"
+        )
     if polarity is not None and polarity not in POLARITIES:
         raise TraceFormatError("polarity", f"{polarity!r} is not one of {', '.join(POLARITIES)}")
     if p.suffix == ".json":
@@ -165,7 +167,11 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
     try:
         doc = json.loads(p.read_text())
     except (OSError, ValueError) as e:
-        raise TraceFormatError("trace", f"{p.name} is not valid JSON: {e}") from e
+        raise TraceFormatError(
+            "trace",
+            f"{p.name} is not valid JSON ({e}); a JSON trace is "
+            '{"metadata": {"gap_seconds": ...}, "data": [...]}',
+        ) from e
     if not isinstance(doc, dict) or "data" not in doc or "metadata" not in doc:
         raise TraceFormatError(
             "trace", f'{p.name}: expected {{"metadata": {{"gap_seconds": ...}}, "data": [...]}}'

@@ -82,3 +82,45 @@ def test_the_default_lease_and_a_bad_one() -> None:
             poll_interval=5.0,
             lease=timedelta(seconds=10),
         )
+
+
+def test_an_attempt_launched_by_a_worker_that_died_before_recording_it_is_adopted(
+    tmp_path: Path,
+) -> None:
+    """A worker launched attempt 2 and died before saving its record: the next try finds it
+    (the backend's ``find_attempts``), closes the recorded attempt 1 that had ended, and
+    re-attaches to attempt 2, now recorded; nothing is set aside and no third attempt starts
+    while it trains, so its steps and end reach the ledger."""
+    store = FileTaskStateStore(tmp_path / "state.json")
+    op = _op(tmp_path, None)
+    with pytest.raises(TaskDeferred):
+        op.execute(make_context(store))
+    state = store.get(STATE_KEY)
+    h1 = AttemptHandle.from_dict(state["attempts"][0]["handle"])
+    backend = op._backend()
+    backend.cancel(h1)  # attempt 1 ends ...
+    h2 = backend.launch(  # ... and a worker starts attempt 2, then dies before recording it
+        _ident(state),
+        2,
+        "spot",
+        list(op.command),
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        changeover_wall_s=0.1,
+        market=backend.market_spec(time.time()),
+    )
+    with pytest.raises(TaskDeferred):
+        _op(tmp_path, None).execute(make_context(store, try_number=2))
+    state = store.get(STATE_KEY)
+    assert [a["attempt"] for a in state["attempts"]] == [1, 2]
+    assert state["attempts"][0]["outcome"] == "cancelled"
+    assert state["current"] == 1 and state["attempts"][1]["handle"]["run_dir"] == h2.run_dir
+    runs = Path(str(h2.run_dir)).parent
+    assert sorted(p.name for p in runs.iterdir()) == ["attempt-001", "attempt-002"]  # none aside
+    LocalBackend().cancel(h2)
+
+
+def _ident(state: dict) -> dict:
+    """The task identity the first try launched under (from its run folder)."""
+    run_dir = Path(state["attempts"][0]["handle"]["run_dir"])
+    dag, run, task, mi = run_dir.parts[-5:-1]
+    return {"dag_id": dag, "run_id": run, "task_id": task, "map_index": int(mi)}

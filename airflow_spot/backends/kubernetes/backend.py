@@ -404,6 +404,39 @@ class KubernetesBackend:
         )
 
     @reaching_server
+    def find_attempts(self, ident: dict[str, Any]) -> list[AttemptHandle]:
+        """Every attempt pod of this task instance (probes excluded), by attempt number: the
+        next try adopts those no record holds."""
+        from airflow_spot.backends.kubernetes.pods import task_labels
+
+        labels = task_labels(
+            ident["dag_id"], ident["task_id"], ident["run_id"], int(ident.get("map_index", -1))
+        )
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        out = []
+        for p in self.api.list_namespaced_pod(self.namespace, label_selector=selector).items:
+            lab = p.metadata.labels or {}
+            if _is_probe(p) or not str(lab.get("airflow-spot/attempt", "")).isdigit():
+                continue
+            created = _ts(p.metadata.creation_timestamp) or time.time()
+            cap = lab.get("airflow-spot/capacity", "")
+            out.append(
+                AttemptHandle(
+                    launched_at=created,
+                    kind="kubernetes",
+                    attempt=int(lab["airflow-spot/attempt"]),
+                    capacity=cap,
+                    namespace=self.namespace,
+                    pod=p.metadata.name,
+                    was_spot=cap == "spot",
+                    was_running=False,
+                    notice_sent=False,
+                    pending_since=created,
+                )
+            )
+        return sorted(out, key=lambda h: h.attempt or 0)
+
+    @reaching_server
     def renew_lease(self, handle: AttemptHandle, until: float) -> None:
         """Move the pod's lease annotation to wall time ``until`` (the container, through the
         downward API, checkpoints and stops once it is past). A pod gone is left to
@@ -549,6 +582,7 @@ class KubernetesBackend:
             **base,
         )
 
+    @reaching_server
     def carry_out(self, handle: AttemptHandle, status: AttemptStatus) -> None:
         """Do what ``status`` found due: relay the node's reclaim notice to the pod (so the
         container checkpoints now), or delete a pod that will never run (its verdict is kept

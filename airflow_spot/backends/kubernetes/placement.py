@@ -128,12 +128,13 @@ def placement_for(preset: str | dict[str, Placement], capacity: str) -> Placemen
     table = PRESETS.get(preset) if isinstance(preset, str) else preset
     if table is None:
         raise ConfigError(
-            "preset",
+            "backend.preset",
             f"unknown preset {preset!r}; use one of {', '.join(PRESETS)} or a custom "
             "{'spot': Placement(...), 'on_demand': Placement(...)}",
         )
     if capacity not in table:
         raise ConfigError(
-            "preset", f"the preset has no {capacity!r} placement; give both 'spot' and 'on_demand'"
+            "backend.preset",
+            f"the preset has no {capacity!r} placement; give both 'spot' and 'on_demand'",
         )
     return table[capacity]

@@ -100,6 +100,14 @@ class LocalBackend:
             v = getattr(self, name)
             if not finite_number(v) or v < 0:
                 raise ConfigError(f"backend.{name}", f"must be a number >= 0, got {v!r}")
+        if not isinstance(self.extra_env, dict) or not all(
+            isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+            for k, v in self.extra_env.items()
+        ):
+            raise ConfigError(
+                "backend.extra_env",
+                f'give {{"NAME": "value"}} with string values, got {self.extra_env!r}',
+            )
         if self.observe not in OBSERVE:
             raise ConfigError(
                 "backend.observe",
@@ -207,10 +215,7 @@ class LocalBackend:
         it replaces checkpoints and stops first) before the training command starts.
         ``lease_until``: the attempt's lease (``LEASE`` in its folder, see :meth:`renew_lease`):
         past it the supervisor has the command checkpoint and stop, and ends the attempt."""
-        run_key = "/".join(
-            _safe(str(ident[k])) for k in ("dag_id", "run_id", "task_id", "map_index")
-        )
-        run_dir = self.root() / run_key / f"attempt-{attempt:03d}"
+        run_dir = self._task_dir(ident) / f"attempt-{attempt:03d}"
         if (run_dir / "spec.json").exists():
             # started by a worker that died before recording it (or by a run since cleared):
             # stop it and set its folder aside, as the Kubernetes backend deletes a leftover pod
@@ -264,6 +269,29 @@ class LocalBackend:
             timeout=30,
         )
         return AttemptHandle(launched_at=time.time(), run_dir=str(run_dir))
+
+    def _task_dir(self, ident: dict[str, Any]) -> Path:
+        key = "/".join(_safe(str(ident[k])) for k in ("dag_id", "run_id", "task_id", "map_index"))
+        return self.root() / key
+
+    def find_attempts(self, ident: dict[str, Any]) -> list[AttemptHandle]:
+        """Every attempt of this task instance that exists (its folder has a spec), set-aside
+        leftovers excluded, by attempt number: the next try adopts those no record holds."""
+        out = []
+        for spec in sorted(self._task_dir(ident).glob("attempt-[0-9][0-9][0-9]/spec.json")):
+            try:
+                doc = json.loads(spec.read_text())
+            except (OSError, ValueError):
+                continue
+            out.append(
+                AttemptHandle(
+                    launched_at=spec.stat().st_mtime,
+                    attempt=int(doc.get("attempt", 0)),
+                    capacity=str(doc.get("capacity", "")),
+                    run_dir=str(spec.parent),
+                )
+            )
+        return out
 
     def renew_lease(self, handle: AttemptHandle, until: float) -> None:
         """Move the attempt's lease to wall time ``until`` (its supervisor reads ``LEASE``)."""
