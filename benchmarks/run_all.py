@@ -18,6 +18,7 @@ SCRIPTS = [
     "import_cost.py",
     "checkpoint_io.py",
     "bad_inputs.py",
+    "triggerer_load.py",
 ]
 
 if __name__ == "__main__":

@@ -280,6 +280,7 @@ def look(backend: Backend, handle: AttemptHandle) -> AttemptStatus:
     return status
 
 
+@runtime_checkable
 class Leases(Protocol):
     """A backend whose attempts hold a lease: ``launch(..., lease_until=t)`` starts one with a
     lease until wall time ``t``; :meth:`renew_lease` moves it. An attempt whose lease runs out
@@ -289,16 +290,23 @@ class Leases(Protocol):
     def renew_lease(self, handle: AttemptHandle, until: float) -> None: ...
 
 
+@runtime_checkable
+class FindsAttempts(Protocol):
+    """A backend that lists the attempts of a task instance that exist (a try adopts those
+    no record holds: launched by a worker that died before saving them)."""
+
+    def find_attempts(self, ident: dict[str, Any]) -> list[AttemptHandle]: ...
+
+
 def renew_lease(backend: Any, handle: AttemptHandle, now: float | None = None) -> None:
     """Renew the attempt's lease once a third of it is spent (a write per third, not per look)."""
-    renew = getattr(backend, "renew_lease", None)
-    if not handle.lease_s or renew is None:
+    if not handle.lease_s or not isinstance(backend, Leases):
         return
     now = time.time() if now is None else now
     if handle.lease_until is not None and handle.lease_until - now > handle.lease_s * 2 / 3:
         return
     until = now + handle.lease_s
-    renew(handle, until)
+    backend.renew_lease(handle, until)
     handle.lease_until = until
 
 

@@ -7,7 +7,15 @@ import logging
 import time
 from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Backend, HandsOver, Outcome, look
+from airflow_spot.backends.base import (
+    AttemptStatus,
+    Backend,
+    FindsAttempts,
+    HandsOver,
+    Leases,
+    Outcome,
+    look,
+)
 from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import ConfigError
@@ -57,14 +65,13 @@ class LiveAttempt:
         (closed if it ended); then each found attempt gets its record: re-attached if it lives
         and nothing else does, closed with its verdict if it ended, stopped if another one
         lives (at most one attempt trains). Returns the records made."""
-        find = getattr(self.backend, "find_attempts", None)
         st = self.state
-        if find is None:
+        if not isinstance(self.backend, FindsAttempts):
             return []
         known = {(a.handle.run_dir, a.handle.pod) for a in st.attempts}
         found = [
             h
-            for h in find(self.ident.to_dict())
+            for h in self.backend.find_attempts(self.ident.to_dict())
             if (h.run_dir, h.pod) not in known and (h.attempt or 0) > len(st.attempts)
         ]
         if not found:
@@ -293,7 +300,7 @@ class LiveAttempt:
                 pool = self.capacity.choose_pool(now, job.spot_price)
                 price = self.capacity.pool_price(pool, now, job.spot_price)
         launch: Any = self.backend.launch  # ``hold`` only where the backend HandsOver
-        lease_s = self.args.lease_s if hasattr(self.backend, "renew_lease") else None
+        lease_s = self.args.lease_s if isinstance(self.backend, Leases) else None
         lease = {"lease_until": now + lease_s} if lease_s else {}
         handle = launch(
             self.ident.to_dict(),

@@ -154,3 +154,8 @@ def _ti_state(ti: Any, other: dict[str, Any]) -> str | None:
     )
     state = (states or {}).get(other["run_id"], {}).get(name)
     return str(getattr(state, "value", state)) if state is not None else None
+
+
+def claim_store(store: Any, ti: Any, uri: Any, op: Any) -> None:
+    """A new job claims the checkpoint location of ``store`` (see :func:`claim_location`)."""
+    claim_location(Checkpoints.watching(store), ti, str(uri), op.total_steps, op.log)

@@ -95,12 +95,9 @@ class SpotTrainingOperator(BaseOperator):
         3)`` after deferring. Airflow (3.3, apache/airflow#71580 and #72716) may fail a task
         whose trigger fires within seconds of deferring: the worker's exit is reported late,
         as a success of the same try. ``timedelta(0)`` turns both off.
-    :param lease: how long an attempt trains on while nobody watches it. The operator and its
-        trigger renew each attempt's lease while they look (a file for the local supervisor, a
-        pod annotation the container reads through the downward API); once it runs out (a
-        failed try, a deleted DAG run, a triggerer that never comes back) the attempt
-        checkpoints and stops by itself and says so in its log, and the next try resumes from
-        that checkpoint. Default: three ``decision_interval`` and at least 5 minutes.
+    :param lease: how long an attempt trains on unwatched (a failed try, a dead triggerer):
+        past it, with nobody renewing it, the attempt checkpoints and stops by itself; the
+        next try resumes from there. Default: 3 ``decision_interval``, at least 5 minutes.
     :param aws_conn_id: the Airflow AWS connection the operator reads an ``s3://``
         ``checkpoint_uri`` with (``None``: boto3's own environment of the worker). The training
         process writes with its own credentials: the worker's environment for the local
@@ -226,23 +223,12 @@ class SpotTrainingOperator(BaseOperator):
                     store, STATE_KEY, JobState.from_dict(raw), self._backend(), self.log
                 )
                 state = self._new_state(time.time())
-                return self._run_turns(context, state, None, recover=False)
-            self._check_earlier_checkpoints(context)
+                return self._run_turns(context, state, None, False)
+            from airflow_spot.operators.location import claim_store
+
+            claim_store(self.checkpoint_store(), context["ti"], self.checkpoint_uri, self)
             state = self._new_state(time.time())
         return self._run_turns(context, state, None)
-
-    def _check_earlier_checkpoints(self, context: Context) -> None:
-        """A new job claims its checkpoint location (see :mod:`.location`)."""
-        from airflow_spot.checkpoint.checkpoints import Checkpoints
-        from airflow_spot.operators.location import claim_location
-
-        claim_location(
-            Checkpoints.watching(self.checkpoint_store()),
-            context["ti"],
-            str(self.checkpoint_uri),
-            self.total_steps,
-            self.log,
-        )
 
     def checkpoint_store(self) -> Any:
         """The store of the rendered ``checkpoint_uri``, through ``aws_conn_id`` for S3."""
@@ -397,14 +383,14 @@ class SpotTrainingOperator(BaseOperator):
 
     # -- the loop ---------------------------------------------------------------------------
     def _run_turns(
-        self, context: Context, state: JobState, event: Any, *, recover: bool = True
+        self, context: Context, state: JobState, event: Any, recover: bool = True
     ) -> Any:
         """Turn after turn until the job is done: between turns, defer to the triggerer (a
-        long wait) or wait here (a short one, or ``deferrable=False``). A try's first turn
-        (``event`` None) first adopts attempts a dead worker launched without recording them
-        (``recover``; not for a job that replaces one set aside)."""
+        long wait) or wait here (a short one, or ``deferrable=False``). A try first adopts
+        attempts a dead worker launched unrecorded (not for a job replacing one set aside)."""
         from airflow.sdk.exceptions import AirflowTaskTimeout
 
+        from airflow_spot.operators.start import defer_timeout
         from airflow_spot.operators.summary import xcom_summary
 
         turn = self.turn(state, context)
@@ -426,7 +412,9 @@ class SpotTrainingOperator(BaseOperator):
                     self.defer(
                         trigger=trigger,
                         method_name="resume",
-                        timeout=timedelta(seconds=self._defer_timeout(state, now)),
+                        timeout=timedelta(
+                            seconds=defer_timeout(state, now, self.execution_timeout)
+                        ),
                     )
                 event = self._wait_here(trigger.watch)
             except (Exception, AirflowTaskTimeout) as e:  # the timeout is a BaseException
@@ -440,19 +428,6 @@ class SpotTrainingOperator(BaseOperator):
             if ev is not None:
                 return ev
             time.sleep(self.poll_interval)
-
-    def _defer_timeout(self, state: JobState, now: float) -> float:
-        """How long a deferral may last: an hour past the deadline, and no later than this
-        try's ``execution_timeout`` (Airflow does not apply it while a task is deferred)."""
-        from airflow.sdk.exceptions import AirflowTaskTimeout
-
-        timeout = max(60.0, state.deadline_at - now + 3600)
-        if self.execution_timeout is not None and state.try_started_at is not None:
-            left = state.try_started_at + self.execution_timeout.total_seconds() - now
-            if left <= 0:
-                raise AirflowTaskTimeout(f"execution_timeout ({self.execution_timeout}) reached")
-            timeout = min(timeout, left)
-        return timeout
 
     def _trigger(self, state: JobState, wake_at: float, cooling: dict[str, float], now: float):
         """The attempt's trigger (its ``watch`` is what the worker polls when it waits here)."""

@@ -88,3 +88,17 @@ def new_state(
         if market is not None and backend.to_dict().get("observe") == "oracle"
         else "cluster",
     )
+
+
+def defer_timeout(state: JobState, now: float, execution_timeout: timedelta | None) -> float:
+    """How long a deferral may last: an hour past the deadline, and no later than this try's
+    ``execution_timeout`` (Airflow does not apply it while a task is deferred)."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    timeout = max(60.0, state.deadline_at - now + 3600)
+    if execution_timeout is not None and state.try_started_at is not None:
+        left = state.try_started_at + execution_timeout.total_seconds() - now
+        if left <= 0:
+            raise AirflowTaskTimeout(f"execution_timeout ({execution_timeout}) reached")
+        timeout = min(timeout, left)
+    return timeout

@@ -89,7 +89,8 @@ class Kubelet:
         self.spot_available = True
         self.nodes: dict[str, dict[str, str]] = {}  # node -> labels (the ones we made)
         self.lost: set[str] = set()  # nodes whose machine is gone (nothing runs there)
-        self.procs: dict[str, subprocess.Popen] = {}  # "ns/name" -> its container
+        self.procs: dict[str, subprocess.Popen | None] = {}  # "ns/name" -> its container
+        # (None: a pod that runs nothing, a probe's pause)
         self.uids: dict[str, str] = {}
         self.started: dict[str, float] = {}
         self.empty_since: dict[str, float] = {}
@@ -122,8 +123,9 @@ class Kubelet:
             self._http.server_close()
         for p in self.procs.values():
             _kill(p, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                p.wait(5)
+            if p is not None:
+                with contextlib.suppress(Exception):
+                    p.wait(5)
         self.procs.clear()
         with contextlib.suppress(Exception):
             self._api_client.close()
@@ -199,16 +201,16 @@ class Kubelet:
         if key in self.shutting:
             self._finish_shutdown(key, pod)
             return
-        proc = self.procs.get(key)
-        if proc is None:
+        if key not in self.procs:
             if (pod.metadata.labels or {}).get(
                 "airflow-spot/probe"
             ) == "true" or not pod.spec.containers:
                 self._running(pod, None)
-                self.procs[key] = None  # type: ignore[assignment] - nothing runs: a pause
+                self.procs[key] = None  # nothing runs: a pause container
                 return
             self._start_container(key, pod)
             return
+        proc = self.procs[key]
         if proc is None:
             return
         self._write_annotations(pod)

@@ -126,11 +126,18 @@ def test_an_earlier_runs_record_does_not_hide_a_sibling(tmp_path: Path) -> None:
     Checkpoints(LocalStore(tmp_path / "ckpt")).set_owner(
         {"dag_id": "dag", "task_id": "train", "run_id": "earlier", "map_index": 0}
     )
+    from airflow_spot.operators.location import claim_store
+
     op = _op(tmp_path)
-    op._check_earlier_checkpoints(make_context(FileTaskStateStore(tmp_path / "a"), map_index=0))
+
+    def claim(store: str, map_index: int) -> None:
+        ti = make_context(FileTaskStateStore(tmp_path / store), map_index=map_index)["ti"]
+        claim_store(op.checkpoint_store(), ti, op.checkpoint_uri, op)
+
+    claim("a", 0)
     with pytest.raises(ConfigError, match="already used by map index 0"):
-        op._check_earlier_checkpoints(make_context(FileTaskStateStore(tmp_path / "b"), map_index=1))
-    op._check_earlier_checkpoints(make_context(FileTaskStateStore(tmp_path / "c"), map_index=0))
+        claim("b", 1)
+    claim("c", 0)
 
 
 def test_a_corrupt_complete_checkpoint_does_not_block_the_valid_one_before_it(

@@ -43,9 +43,10 @@ def source(backend: Any) -> tuple[str, str]:
     )
 
 
-def _setting(backend: Any) -> str:
-    name, _ = source(backend)
-    value = getattr(backend, name.removeprefix("backend."))
+def _setting(settings: Any) -> str:
+    """``field=value`` of the setting the configuration came from (a field, not a probe)."""
+    name, _ = source(settings)
+    value = getattr(settings, name.removeprefix("backend."))
     return f"{name}={value!r}" if value else f"{name} (not set: the default kubeconfig)"
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_pools
+from airflow_spot.backends.local.files import write_lease
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
-from airflow_spot.backends.local.supervisor import write_lease
 from airflow_spot.checkpoint.training import ENV
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 from airflow_spot.jobstate import AttemptHandle

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
+from airflow_spot.backends.local.files import write_json
 from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
 
 # errors that say the command itself cannot run (not the host): the application's failure
@@ -43,17 +44,6 @@ COMMAND_ERRNOS = {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errn
 POLL_S = 0.02
 OOM_EXIT = 137
 LEASE_READ_S = 0.2  # the lease file is read at most this often
-
-
-def write_json(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
-
-
-def write_lease(path: Path, until: float) -> None:
-    """The attempt's lease: it stops by itself after wall time ``until``."""
-    write_json(path, {"until": until})
 
 
 class Supervisor:
