@@ -7,6 +7,12 @@ from typing import TYPE_CHECKING
 
 from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError
 
+# Airflow's own default is 0: one api-server restart or lost worker then fails the job, its
+# attempt left to its lease. The retry policy below spends retries only on the
+# orchestration's errors (a configuration error or a spent budget fails at once), and a new
+# try re-attaches to the live attempt, so a few retries cost nothing and save the run.
+DEFAULT_RETRIES = 3
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 

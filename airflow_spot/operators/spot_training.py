@@ -35,7 +35,7 @@ from airflow_spot.operators.arguments import (
 )
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.operators.mapped import CheckedPartialDescriptor
-from airflow_spot.operators.retry import default_retry_policy, tries_left
+from airflow_spot.operators.retry import DEFAULT_RETRIES, default_retry_policy, tries_left
 from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
 
 if TYPE_CHECKING:
@@ -134,6 +134,8 @@ class SpotTrainingOperator(BaseOperator):
     ) -> None:
         if "retry_policy" not in kwargs:
             kwargs["retry_policy"] = default_retry_policy()
+        if "retries" not in kwargs and "retries" not in (kwargs.get("default_args") or {}):
+            kwargs["retries"] = DEFAULT_RETRIES  # spent on the orchestration's errors only
         super().__init__(**kwargs)
         self.command = argv_of(command)
         self.checkpoint_uri = (

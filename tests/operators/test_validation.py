@@ -339,3 +339,17 @@ def test_a_third_party_backend_is_checked_against_the_protocol_at_parse_time() -
         with pytest.raises(ConfigError, match=f"lacks {missing}") as e:
             SpotTrainingOperator(**{**OK, "checkpoint_uri": "s3://my-bucket/p", "backend": lacking})
         assert e.value.field == "backend" and "Backend interface" in str(e.value)
+
+
+def test_retries_default_to_a_few_and_a_given_value_is_kept() -> None:
+    """Retries default to 3 (spent on the orchestration's own errors only, each try
+    re-attaching); ``retries`` given to the operator or through ``default_args`` wins."""
+    from airflow.sdk import DAG
+
+    from airflow_spot.operators.retry import DEFAULT_RETRIES
+
+    assert DEFAULT_RETRIES == 3
+    assert SpotTrainingOperator(**OK).retries == 3
+    assert SpotTrainingOperator(**OK, retries=0).retries == 0
+    with DAG("with_defaults", schedule=None, default_args={"retries": 1}):
+        assert SpotTrainingOperator(**OK).retries == 1
