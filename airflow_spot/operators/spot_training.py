@@ -439,7 +439,7 @@ class SpotTrainingOperator(BaseOperator):
             self._backend().to_dict(),
             state.live.handle if state.live else None,
             market=state.market,
-            spot_was=state.spot_last,
+            spot_was=state.spot_last if state.observe == "oracle" else None,  # cluster: no peeking
             wake_at=wake_at,
             poll_interval=self.poll_interval,
             cooling=cooling,
