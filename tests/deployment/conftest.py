@@ -1,0 +1,498 @@
+"""A real Airflow deployment on 127.0.0.1, started by the tests themselves: a private PostgreSQL
+(Debian's, run as the ``postgres`` user), ``airflow db migrate``, then the scheduler
+(LocalExecutor), dag-processor, triggerer and api-server, each a process of its own.
+
+Nothing binds anything but 127.0.0.1: the api-server gets ``--host 127.0.0.1`` and a free port,
+and the scheduler and triggerer run with ``--skip-serve-logs`` (Airflow's log server listens on
+every interface; the api-server reads the task logs from the shared ``AIRFLOW_HOME``).
+
+Reuse: override the ``deployment_dags`` fixture (``{file name: source}``) in a test module and
+ask for ``airflow_deployment``. Without PostgreSQL the tests are skipped, and they fail with
+``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1`` (``.ci/run`` sets it when it installed PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REQUIRE_ENV = "AIRFLOW_SPOT_REQUIRE_DEPLOYMENT"
+POSTGRES_BIN_ENV = "AIRFLOW_SPOT_POSTGRES_BIN"  # where initdb and pg_ctl are, if not Debian's
+COMPONENTS = ("scheduler", "dag_processor", "triggerer", "api_server")
+STOP_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
+    """``check()``'s first truthy value, polled every ``every`` seconds; TimeoutError naming
+    ``what`` after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def require_or_skip(reason: str) -> None:
+    """Skip the test, or fail it when ``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1`` asks for the
+    deployment to run."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def postgres_bin_dir() -> Path | None:
+    """``$AIRFLOW_SPOT_POSTGRES_BIN``, else Debian's newest ``/usr/lib/postgresql/<version>/bin``;
+    None unless it holds ``initdb`` and ``pg_ctl``."""
+    if os.environ.get(POSTGRES_BIN_ENV):
+        where = Path(os.environ[POSTGRES_BIN_ENV])
+        return where if (where / "initdb").exists() and (where / "pg_ctl").exists() else None
+    found = glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")
+    dirs = [Path(p).parent for p in found if (Path(p).parent / "initdb").exists()]
+    return max(
+        dirs, key=lambda d: [int(x) for x in re.findall(r"\d+", d.parent.name)], default=None
+    )
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last lines of a log file (for error messages)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"<{path}: {e}>"
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of the process group ``pgid`` still running (zombies left out: they
+    have ended and wait only for their parent, or init, to reap them)."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+    return left
+
+
+class ProcessLedger:
+    """Every process of a deployment seen so far: the components, their descendants, and
+    anything whose command line names the deployment's folder (the local backend's detached
+    supervisors and their training processes)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = os.path.join(root, "")  # with the separator: not deployment01 for deployment0
+        self.seen: dict[tuple[int, float], str] = {}
+        self.listening: set[tuple[str, int, str]] = set()  # (address, port, command line)
+
+    def _mine(self, pids: list[int]) -> list[Any]:
+        import psutil
+
+        procs = []
+        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            with contextlib.suppress(psutil.Error):
+                if p.pid in pids or self.root in " ".join(p.info["cmdline"] or ()):
+                    procs += [p, *p.children(recursive=True)]
+        return procs
+
+    def snapshot(self, pids: list[int]) -> None:
+        """Record the deployment's processes now alive, and the TCP ports they listen on."""
+        import psutil
+
+        for p in self._mine(pids):
+            with contextlib.suppress(psutil.Error):
+                cmd = " ".join(p.cmdline())[:200]
+                self.seen[(p.pid, p.create_time())] = cmd
+                for c in p.net_connections(kind="inet"):
+                    if c.status == psutil.CONN_LISTEN:
+                        self.listening.add((c.laddr.ip, c.laddr.port, cmd))
+
+    def kill_alive(self) -> None:
+        """SIGKILL every process :meth:`alive` lists (a failed test's leftovers)."""
+        import psutil
+
+        for entry in self.alive():
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(int(entry.split(":")[0])).kill()
+
+    def alive(self) -> list[str]:
+        """Processes seen (or naming the folder now) that still run, zombies excepted."""
+        import psutil
+
+        self.snapshot([])
+        left = []
+        for (pid, created), cmd in self.seen.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pid}: {cmd}")
+        return left
+
+
+@dataclass
+class PostgresServer:
+    """A private PostgreSQL server on 127.0.0.1, its data and socket in a folder of its own,
+    run by the ``postgres`` user (initdb refuses root)."""
+
+    bin_dir: Path
+    root: Path
+    port: int = field(default_factory=free_port)
+    user: str = "postgres"
+    ledger: ProcessLedger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = ProcessLedger(self.root)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "postgres.log"
+
+    def url(self, database: str = "airflow") -> str:
+        return f"postgresql+psycopg2://airflow@127.0.0.1:{self.port}/{database}"
+
+    def _as_owner(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        cmd = ["runuser", "-u", self.user, "--", str(self.bin_dir / argv[0]), *argv[1:]]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def start(self) -> None:
+        """initdb (trust auth, superuser ``airflow``), start on 127.0.0.1 only, create the
+        ``airflow`` database. Durability is off: a test database need not survive a crash."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.chown(self.root, self.user, self.user)
+        init = self._as_owner("initdb", "-D", str(self.data), "-U", "airflow", "-A", "trust",
+                              "-E", "UTF8", "--no-sync")  # fmt: skip
+        if init.returncode:
+            raise RuntimeError(f"initdb failed ({init.returncode}): {init.stderr}")
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        started = self._as_owner("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", opts,
+                                 "-w", "-t", "60", "start")  # fmt: skip
+        if started.returncode:
+            raise RuntimeError(f"pg_ctl start failed: {started.stderr}\n{tail(self.log)}")
+        self.ledger.snapshot([self.pid() or -1])
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="airflow", dbname="postgres")
+        conn.autocommit = True  # CREATE DATABASE runs outside a transaction
+        try:
+            conn.cursor().execute("CREATE DATABASE airflow")
+        finally:
+            conn.close()
+
+    def pid(self) -> int | None:
+        """The postmaster's pid, from ``postmaster.pid`` (None when it is not running)."""
+        try:
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def running(self) -> bool:
+        return self._as_owner("pg_ctl", "-D", str(self.data), "status").returncode == 0
+
+    def stop(self) -> None:
+        """A fast shutdown (SIGKILL of the postmaster if that does not end it)."""
+        if not self.data.exists() or not self.running():
+            return
+        pid = self.pid()
+        self.ledger.snapshot([pid or -1])  # the backends of every connection, too
+        if self._as_owner("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop").returncode:
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+
+
+@dataclass
+class Component:
+    """One Airflow component, in a session (process group) of its own, logging to a file."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the component's whole process group."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stopped(self) -> bool:
+        """Whether the component and every process of its group have ended."""
+        return self.proc is None or (
+            self.proc.poll() is not None and not group_members(self.proc.pid)
+        )
+
+
+class AirflowDeployment:
+    """The four components against one metadata database, on 127.0.0.1, with a REST client."""
+
+    def __init__(self, root: Path, db_url: str, dags: dict[str, str]) -> None:
+        self.root = root
+        self.home = root / "airflow_home"
+        self.dags_folder = root / "dags"
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.db_url = db_url
+        self.ledger = ProcessLedger(root)
+        for folder in (self.home, self.dags_folder, root / "logs"):
+            folder.mkdir(parents=True, exist_ok=True)
+        for name, source in dags.items():
+            (self.dags_folder / name).write_text(source)
+        self.env = self._env()
+        self.components = [self._component(name) for name in COMPONENTS]
+        self._client: Any = None
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        env.update(
+            AIRFLOW_HOME=str(self.home),
+            AIRFLOW__CORE__DAGS_FOLDER=str(self.dags_folder),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__PARALLELISM="4",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.base_url}/execution/",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self.db_url,
+            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__PORT=str(self.port),
+            AIRFLOW__API__BASE_URL=f"{self.base_url}/",
+            AIRFLOW__API__WORKERS="1",
+            AIRFLOW__API_AUTH__JWT_SECRET=os.urandom(16).hex(),
+            AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(self.root / "logs"),
+            # the log servers stay off (--skip-serve-logs); should one start, not on 8793/8794
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK="False",
+            AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES="1",
+            # a worker notices a task process's exit only at its next wake-up when the task's
+            # sockets closed first: up to this long late (default 5 s). A trigger firing before
+            # that late report fails the task (apache/airflow#71580; see min_deferral)
+            AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL="1",
+            AIRFLOW_SPOT_PLAN_CACHE=str(self.root / "plans"),
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def _component(self, name: str) -> Component:
+        args = {
+            "scheduler": ["scheduler", "--skip-serve-logs"],
+            "dag_processor": ["dag-processor"],
+            "triggerer": ["triggerer", "--skip-serve-logs"],
+            "api_server": ["api-server", "--host", "127.0.0.1", "--port", str(self.port)],
+        }[name]
+        argv = [sys.executable, "-m", "airflow", *args]
+        return Component(name, argv, self.root / "logs" / f"{name}.log")
+
+    # -- life cycle -------------------------------------------------------------------------
+    def migrate(self) -> None:
+        """``airflow db migrate`` against the deployment's database."""
+        out = subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if out.returncode:
+            raise RuntimeError(
+                f"airflow db migrate failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
+            )
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Start the components and wait until the api-server reports all of them healthy."""
+        for c in self.components:
+            c.start(self.env)
+        try:
+            wait_for("all components healthy", self.healthy, timeout, every=1.0)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n{self.diagnosis()}") from None
+
+    def pids(self) -> list[int]:
+        return [c.proc.pid for c in self.components if c.proc is not None]
+
+    def healthy(self) -> bool:
+        """Whether ``/api/v2/monitor/health`` reports the database and every component
+        healthy (a component that died fails at once, naming its log)."""
+        for c in self.components:
+            if c.proc is not None and c.proc.poll() is not None:
+                raise RuntimeError(f"{c.name} exited {c.proc.returncode}:\n{tail(c.log)}")
+        self.ledger.snapshot(self.pids())
+        try:
+            health = self.get("/api/v2/monitor/health")
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+        keys = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        return all((health.get(k) or {}).get("status") == "healthy" for k in keys)
+
+    def task_errors(self, limit: int = 20) -> str:
+        """The error lines of the task and trigger logs (for a failing test's message)."""
+        lines = []
+        for log in sorted((self.root / "logs").glob("dag_id=*/**/*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if '"level":"error"' in line.replace(" ", "") and "RuntimeWarning" not in line:
+                    lines.append(f"{log.relative_to(self.root / 'logs')}: {line[:1500]}")
+        return "\n".join(lines[-limit:])
+
+    def diagnosis(self) -> str:
+        return "\n".join(f"--- {c.name} ({c.log}):\n{tail(c.log, 20)}" for c in self.components)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop every component: SIGTERM to each one's process group, SIGKILL to what is left
+        of them after ``timeout`` seconds (all at once: some take seconds to exit)."""
+        self.ledger.snapshot(self.pids())
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            for c in self.components:
+                if not c.stopped():
+                    c.signal(sig)
+            with contextlib.suppress(TimeoutError):
+                wait_for("components stopped", self.stopped, wait, every=0.2)
+                break
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def stopped(self) -> bool:
+        """Whether every component and every process of their groups have ended."""
+        return all(c.stopped() for c in self.components)
+
+    # -- REST -------------------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.base_url, timeout=30.0)
+        return self._client
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One API call; its response (any status)."""
+        return self.client.request(method, path, **kwargs)
+
+    def get(self, path: str, **params: Any) -> Any:
+        """GET ``path``: its JSON body (HTTPStatusError on a status >= 400)."""
+        r = self.request("GET", path, params=params)
+        r.raise_for_status()
+        return r.json()
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 90.0) -> dict[str, Any]:
+        """The DAG once the dag-processor has parsed it (an import error fails at once)."""
+
+        def parsed() -> dict[str, Any] | None:
+            errors = self.get("/api/v2/importErrors").get("import_errors") or []
+            if errors:
+                raise RuntimeError(f"DAG import errors: {errors}")
+            r = self.request("GET", f"/api/v2/dags/{dag_id}")
+            return r.json() if r.status_code == 200 else None
+
+        return wait_for(f"DAG {dag_id} parsed", parsed, timeout, every=1.0)
+
+    def trigger(self, dag_id: str) -> str:
+        """Unpause ``dag_id`` and start a run of it now; the run's id."""
+        self.request(
+            "PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False}
+        ).raise_for_status()
+        r = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None})
+        r.raise_for_status()
+        return r.json()["dag_run_id"]
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A private PostgreSQL server for this module's deployment, stopped and removed after."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        where = os.environ.get(POSTGRES_BIN_ENV) or "/usr/lib/postgresql/<version>/bin"
+        require_or_skip(
+            f"PostgreSQL is not installed (no initdb and pg_ctl in {where}): "
+            "apt-get install -y postgresql"
+        )
+    if shutil.which("runuser") is None or not _has_user("postgres"):
+        require_or_skip("no `runuser` or no `postgres` user to run PostgreSQL as")
+    root = Path(tempfile.mkdtemp(prefix="airflow-spot-pg-"))
+    server = PostgresServer(bin_dir, root)  # type: ignore[arg-type]
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def deployment_dags() -> dict[str, str]:
+    """The DAG files (name -> source) written into the deployment's dags folder; a test
+    module overrides it."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def deployment_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the module's deployment keeps everything in (home, dags, logs, runs)."""
+    return tmp_path_factory.mktemp("deployment")
+
+
+@pytest.fixture(scope="module")
+def airflow_deployment(
+    postgres_server: PostgresServer, deployment_root: Path, deployment_dags: dict[str, str]
+) -> Iterator[AirflowDeployment]:
+    """A migrated database and the four components, all healthy; stopped after the module
+    (a test may stop it earlier: stopping twice is harmless)."""
+    dep = AirflowDeployment(deployment_root, postgres_server.url(), deployment_dags)
+    dep.migrate()
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()
+        dep.ledger.kill_alive()  # what a failed test left (detached supervisors, training)
