@@ -72,7 +72,9 @@ class LiveAttempt:
         found = [
             h
             for h in self.backend.find_attempts(self.ident.to_dict())
-            if (h.run_dir, h.pod) not in known and (h.attempt or 0) > len(st.attempts)
+            if (h.run_dir, h.pod) not in known
+            and (h.attempt or 0) > len(st.attempts)
+            and (h.launched_at or 0.0) >= st.started_at  # this job's, not an older one's
         ]
         if not found:
             return []

@@ -544,9 +544,7 @@ LEASE_EXIT = 143  # the helper's exit after saving (checkpoint.training.PREEMPTE
 
 
 def lease_expired(f: Facts) -> Classification | None:
-    """The container stopped itself (exit 143 after saving) past the pod's lease: nobody
-    watched it (a failed try, a dead triggerer). An infrastructure disruption of the
-    orchestration, never the application's failure."""
+    """Exit 143 past the pod's lease: unwatched, it saved and stopped itself (infra)."""
     ann = _g(_g(f.pod, "metadata") or {}, "annotations") or {}
     try:
         until = float(ann.get(LEASE_ANNOTATION) or "")

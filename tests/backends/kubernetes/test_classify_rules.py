@@ -64,6 +64,7 @@ def test_rules_are_named_module_functions_in_order():
         "node_lost_while_running",
         "oom_killed",
         "signal_after_notice",
+        "lease_expired",
         "exit_on_healthy_capacity",
         "exit_while_reclaimed",
         "failed_unexplained",
