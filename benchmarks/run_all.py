@@ -19,6 +19,7 @@ SCRIPTS = [
     "checkpoint_io.py",
     "bad_inputs.py",
     "triggerer_load.py",
+    "chaos.py",
 ]
 
 if __name__ == "__main__":

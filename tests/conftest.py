@@ -24,6 +24,11 @@ import pytest  # noqa: E402
 pytest_plugins = ["airflow_spot.testing_cluster.pytest_plugin"]
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The same line at the end, where ``pytest -q`` (``make test``) still shows it."""
+    terminalreporter.write_line(pytest_report_header(None))
+
+
 def pytest_report_header(config) -> str:  # noqa: ARG001 - pytest's signature
     """Name the real control plane's version (or say it is built on first use)."""
     from airflow_spot.testing_cluster.plane import bin_dir, missing_binaries
