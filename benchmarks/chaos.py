@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -91,7 +92,7 @@ def reference_model(root: Path, steps: int) -> str:
     env = {"AIRFLOW_SPOT_CHECKPOINT_URI": str(ckpt)}
     subprocess.run(
         train_command(steps, step_seconds=0.0, save_every=SAVE_EVERY, seed=7),
-        env={**__import__("os").environ, **env},
+        env={**os.environ, **env},
         check=True,
         capture_output=True,
     )
@@ -137,7 +138,7 @@ def inject(dep: deploy.AirflowDeployment, kind: str, run_dir: Path) -> bool:
     return False
 
 
-def judge(dep: deploy.AirflowDeployment, run_id: str, root: Path, ref: str, steps: int) -> Counter:
+def judge(dep: deploy.AirflowDeployment, run_id: str, root: Path, ref: str) -> Counter:
     c: Counter = Counter()
     run = dep.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
     try:
@@ -245,7 +246,7 @@ def main() -> None:
                 if time.time() - start > deadline_s * 3:
                     break
                 time.sleep(1.0)
-            got = judge(dep, run_id, root, ref, args.steps)
+            got = judge(dep, run_id, root, ref)
             total += got
             print(
                 f"run {n + 1}: {state} in {time.time() - start:.0f} s; {dict(got) or 'clean'}",

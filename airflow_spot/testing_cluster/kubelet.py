@@ -43,10 +43,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from airflow_spot.backends.kubernetes.classify import SHUTDOWN_MESSAGES
 from airflow_spot.testing_cluster import pki
 from airflow_spot.testing_cluster.plane import KWOK_LABEL, free_port
 
-SHUTDOWN_MSG = "Pod was terminated in response to imminent node shutdown."
+SHUTDOWN_MSG = SHUTDOWN_MESSAGES[0]  # the kubelet's own words, as the classifier reads them
 RECLAIMS = ("delete", "unreachable", "drain", "shutdown")
 CAPACITY_LABEL = "airflow-spot/capacity"  # on our pods: spot | on_demand
 SPOT_LABELS = {  # a spot node, in each preset's words
@@ -91,7 +92,6 @@ class Kubelet:
         self.lost: set[str] = set()  # nodes whose machine is gone (nothing runs there)
         self.procs: dict[str, subprocess.Popen | None] = {}  # "ns/name" -> its container
         # (None: a pod that runs nothing, a probe's pause)
-        self.uids: dict[str, str] = {}
         self.started: dict[str, float] = {}
         self.empty_since: dict[str, float] = {}
         self.released: list[str] = []
@@ -238,7 +238,6 @@ class Kubelet:
                 start_new_session=True,
             )
         self.started[key] = time.time()
-        self.uids[key] = pod.metadata.uid
         if (pod.metadata.labels or {}).get(CAPACITY_LABEL) == "spot":
             self.spot_ordinal[key] = len(self.spot_ordinal) + 1
         self._running(pod, c)
@@ -280,10 +279,11 @@ class Kubelet:
             {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
             for t in ("Ready", "ContainersReady")
         ]
+        conditions = ready + extra.pop("conditions", [])
         status = {
             "phase": "Succeeded" if rc == 0 else "Failed",
             **extra,
-            "conditions": ready + extra.pop("conditions", []),
+            "conditions": conditions,
             "containerStatuses": [
                 {
                     "name": c.name,
@@ -302,7 +302,6 @@ class Kubelet:
                 }
             ],
         }
-        status.update(extra)
         self.api.patch_namespaced_pod_status(
             pod.metadata.name, pod.metadata.namespace, {"status": status}
         )

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,6 @@ class Cluster:
     plane: ControlPlane
     kubelet: Kubelet
     namespace: str = "default"
-    nodes_before: set[str] = field(default_factory=set)
 
     @property
     def kubeconfig(self) -> str:
@@ -95,17 +94,15 @@ def kube_cluster(kube_control_plane: Cluster) -> Iterator[Cluster]:
             c.api.delete_node(node)
         k.nodes.pop(node, None)
     k.lost.clear()
-    before: set[str] = set()
-    test = Cluster(c.plane, k, ns, before)
     try:
-        yield test
+        yield Cluster(c.plane, k, ns)
     finally:
         k.plan.clear()
         k.spot_gone_after_plan = False
         for p in c.api.list_namespaced_pod(ns).items:
             with contextlib.suppress(client.ApiException):
                 c.api.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
-        for node in set(k.nodes) - before:
+        for node in list(k.nodes):
             with contextlib.suppress(client.ApiException):
                 c.api.delete_node(node)
             k.nodes.pop(node, None)
