@@ -17,6 +17,7 @@ from airflow_spot.backends.base import (
     look,
 )
 from airflow_spot.checkpoint.checkpoints import Checkpoints
+from airflow_spot.checkpoint.manifest import Manifest
 from airflow_spot.checkpoint.training import CONFIG_EXIT
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
@@ -294,6 +295,7 @@ class LiveAttempt:
         st = self.state
         n = len(st.attempts) + 1
         latest = self.checkpoints.latest_manifest()
+        self._catch_up(latest)
         now = time.time()
         pool, price = "", job.on_demand_price
         if capacity is Capacity.SPOT:
@@ -344,6 +346,31 @@ class LiveAttempt:
             _where(handle),
         )
         return rec
+
+    def _catch_up(self, latest: Manifest | None) -> None:
+        """Credit the ended attempt with a checkpoint it finished after its verdict. A real
+        Eviction API (and a kubelet's graceful shutdown) writes its verdict while the
+        container still saves on the notice, so the newest checkpoint at close time can lag
+        the one it leaves; only one attempt trains at a time, so a newer checkpoint found at
+        the next launch is that attempt's."""
+        st = self.state
+        prev = st.attempts[-1] if st.attempts else None
+        if (
+            prev is None
+            or prev.ended_at is None
+            or latest is None
+            or latest.step <= max(prev.ckpt_step_end or 0, prev.step_start)
+        ):
+            return
+        log.info(
+            "Attempt %d saved checkpoint step %d after it was recorded as ended (at step %s): "
+            "its record now says so.",
+            prev.attempt,
+            latest.step,
+            prev.ckpt_step_end,
+        )
+        prev.ckpt_step_end = latest.step
+        prev.step_end = max(prev.step_end or 0, latest.step)
 
 
 def _where(handle: AttemptHandle) -> str:

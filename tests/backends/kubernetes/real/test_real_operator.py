@@ -67,18 +67,18 @@ def _trained(summary: dict) -> list[dict]:
 
 
 def test_reclaims_by_the_real_controllers_resume_and_fall_back(dag_env) -> None:
-    """Three spot nodes are taken away (a spot-interruption drain, a graceful shutdown, lost
-    heartbeats); each attempt resumes from the checkpoint, the relayed notice loses nothing,
-    spot then stays unavailable and the job finishes on an on-demand pod on time."""
+    """Three spot nodes are taken away (a spot-interruption drain through the Eviction API, a
+    graceful shutdown, lost heartbeats); each attempt resumes from the checkpoint, the relayed
+    notice loses nothing, spot then stays unavailable and the job finishes on an on-demand pod
+    on time. The drain's verdict comes while the container still saves on the notice: the
+    next launch credits that save to it, so every record meets the next one's start."""
     k = dag_env
-    # (a drain is test_real_preemptions': its verdict comes while the container still saves,
-    # so the recorded checkpoint can lag the one the next attempt resumes from)
-    k.plan = {1: ("shutdown", 1.5), 2: ("delete", 1.5), 3: ("unreachable", 1.5)}
+    k.plan = {1: ("drain", 1.5), 2: ("shutdown", 1.5), 3: ("unreachable", 1.5)}
     k.spot_gone_after_plan = True
     dr = _run_dag()
     st = _state(dr.run_id)
     assert dr.state == "success", st.get("failed")
-    assert [how for _, _, how in k.reclaimed] == ["shutdown", "delete", "unreachable"]
+    assert [how for _, _, how in k.reclaimed] == ["drain", "shutdown", "unreachable"]
     summary = st["finished"]
     assert summary["preemptions"] == 3 and summary["deadline_met"] is True, [
         (a["capacity"], a["outcome"], a["reason"]) for a in summary["attempts"]
