@@ -25,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 
+from airflow_spot.bundled import resolve
 from airflow_spot.exceptions import TraceFormatError, finite_number
 
 Polarity = Literal["available", "unavailable"]
@@ -89,8 +90,9 @@ def load_trace(
     nodes: int | None = None,
     gap_s: float | None = None,
 ) -> Trace:
-    """Load one trace file; raises :class:`TraceFormatError` saying what was expected."""
-    p = Path(path)
+    """Load one trace file (or a ``bundled:<name>`` one); raises :class:`TraceFormatError`
+    saying what was expected."""
+    p = Path(resolve(str(path)))
     if not p.is_file():
         raise TraceFormatError(
             "trace", f"{p} is not a file; give a .json or .csv trace, or 'bundled:<name>'"

@@ -162,3 +162,8 @@ def test_folder_loads_in_natural_order() -> None:
         "us-west-2a_v100_1/2",
     ]
     assert ts[-1].name == "us-west-2a_v100_1/11"
+
+
+def test_load_trace_takes_a_bundled_name_as_its_error_says() -> None:
+    tr = load_trace("bundled:cant-be-late/us-west-2a_v100_1/3.json", polarity="unavailable")
+    assert tr.gap_s == 600 and len(tr.available) == 554
