@@ -1,14 +1,21 @@
 """A real Airflow deployment on 127.0.0.1, started by the tests themselves: a private PostgreSQL
 (Debian's, run as the ``postgres`` user), ``airflow db migrate``, then the scheduler
-(LocalExecutor), dag-processor, triggerer and api-server, each a process of its own.
+(LocalExecutor), dag-processor, triggerer and api-server, each a process of its own. With
+``executor="CeleryExecutor"``, a private Redis (Debian's ``redis-server``) is the broker and two
+Celery workers (``airflow celery worker``) run the tasks instead.
 
 Nothing binds anything but 127.0.0.1: the api-server gets ``--host 127.0.0.1`` and a free port,
-and the scheduler and triggerer run with ``--skip-serve-logs`` (Airflow's log server listens on
-every interface; the api-server reads the task logs from the shared ``AIRFLOW_HOME``).
+Redis ``--bind 127.0.0.1``, and the scheduler, triggerer and workers run with
+``--skip-serve-logs`` (Airflow's log server listens on every interface; the api-server reads the
+task logs from the shared ``AIRFLOW_HOME``).
 
 Reuse: override the ``deployment_dags`` fixture (``{file name: source}``) in a test module and
-ask for ``airflow_deployment``. Without PostgreSQL the tests are skipped, and they fail with
-``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1`` (``.ci/run`` sets it when it installed PostgreSQL).
+ask for ``airflow_deployment``; for Celery, override ``deployment_executor`` (it returns
+``CeleryExecutor`` and asks for ``redis_server``) and, for settings of its own,
+``deployment_celery_env``.
+Without PostgreSQL the tests are skipped, and they fail with ``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1``
+(``.ci/run`` sets it when it installed PostgreSQL); without Redis a Celery deployment is skipped,
+and fails with ``AIRFLOW_SPOT_REQUIRE_CELERY=1`` (set when both are installed).
 """
 
 from __future__ import annotations
@@ -32,8 +39,11 @@ from typing import Any
 import pytest
 
 REQUIRE_ENV = "AIRFLOW_SPOT_REQUIRE_DEPLOYMENT"
+REQUIRE_CELERY_ENV = "AIRFLOW_SPOT_REQUIRE_CELERY"
 POSTGRES_BIN_ENV = "AIRFLOW_SPOT_POSTGRES_BIN"  # where initdb and pg_ctl are, if not Debian's
+REDIS_SERVER_ENV = "AIRFLOW_SPOT_REDIS_SERVER"  # the redis-server binary, if not Debian's
 COMPONENTS = ("scheduler", "dag_processor", "triggerer", "api_server")
+CELERY_WORKERS = ("worker_1", "worker_2")  # the Celery workers of a CeleryExecutor deployment
 STOP_TIMEOUT_S = 20.0
 
 
@@ -57,11 +67,11 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float =
         time.sleep(every)
 
 
-def require_or_skip(reason: str) -> None:
-    """Skip the test, or fail it when ``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1`` asks for the
-    deployment to run."""
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}", pytrace=False)
+def require_or_skip(reason: str, require_env: str = REQUIRE_ENV) -> None:
+    """Skip the test, or fail it when ``require_env=1`` (``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT``
+    unless told) asks for the deployment to run."""
+    if os.environ.get(require_env) == "1":
+        pytest.fail(f"{require_env}=1 but {reason}", pytrace=False)
     pytest.skip(reason)
 
 
@@ -86,6 +96,13 @@ def tail(path: Path, lines: int = 40) -> str:
         return f"<{path}: {e}>"
 
 
+def redis_server_binary() -> Path | None:
+    """``$AIRFLOW_SPOT_REDIS_SERVER``, else ``redis-server`` on the PATH (Debian's
+    ``/usr/bin/redis-server``); None when there is none."""
+    found = os.environ.get(REDIS_SERVER_ENV) or shutil.which("redis-server")
+    return Path(found) if found and os.access(found, os.X_OK) else None
+
+
 def group_members(pgid: int) -> list[int]:
     """The processes of the process group ``pgid`` still running (zombies left out: they
     have ended and wait only for their parent, or init, to reap them)."""
@@ -95,6 +112,20 @@ def group_members(pgid: int) -> list[int]:
     for p in psutil.process_iter():
         with contextlib.suppress(psutil.Error, ProcessLookupError):
             if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+    return left
+
+
+def session_members(sid: int) -> list[int]:
+    """The processes of the session ``sid`` still running, zombies left out: a component and
+    everything it started that did not leave its session (a task runner in a process group of
+    its own stays; the local backend's detached supervisors leave)."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
                 left.append(p.pid)
     return left
 
@@ -231,19 +262,89 @@ class PostgresServer:
 
 
 @dataclass
+class RedisServer:
+    """A private Redis on 127.0.0.1 (the Celery broker): no persistence (``--save ''
+    --appendonly no``), in the foreground (not daemonized), its folder of its own."""
+
+    binary: Path
+    root: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    ledger: ProcessLedger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = ProcessLedger(self.root)
+
+    @property
+    def log(self) -> Path:
+        return self.root / "redis.log"
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start it and wait until it answers PING (it fails at once should it exit)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        argv = [str(self.binary), "--bind", "127.0.0.1", "--port", str(self.port),
+                "--save", "", "--appendonly", "no", "--daemonize", "no",
+                "--protected-mode", "yes", "--dir", str(self.root), "--logfile", ""]  # fmt: skip
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            wait_for("redis answers PING", self.ping, timeout, every=0.2)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n{tail(self.log)}") from None
+        self.ledger.snapshot([self.proc.pid])
+
+    def ping(self) -> bool:
+        """Whether it answers PING on its port (RuntimeError, naming its log, if it exited)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited {self.proc.returncode}:\n{tail(self.log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM (nothing to save), SIGKILL if it has not exited after ``timeout`` s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.ledger.snapshot([self.proc.pid])
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@dataclass
 class Component:
-    """One Airflow component, in a session (process group) of its own, logging to a file."""
+    """One Airflow component, in a session (process group) of its own, logging to a file;
+    ``extra_env`` is added to the deployment's environment (a worker's own hostname)."""
 
     name: str
     argv: list[str]
     log: Path
     proc: subprocess.Popen | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def start(self, env: dict[str, str]) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 self.argv,
-                env=env,
+                env={**env, **self.extra_env},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -262,11 +363,52 @@ class Component:
             self.proc.poll() is not None and not group_members(self.proc.pid)
         )
 
+    def kill_session(self) -> list[int]:
+        """SIGKILL every process of the component's session at once, as a lost machine would
+        end them: a Celery worker's main process, its pool children and the task runners (each
+        in a process group of its own). What left the session (the local backend's detached
+        supervisors and their training) lives on. Returns the pids killed."""
+        if self.proc is None:
+            return []
+        killed: list[int] = []
+        end = time.monotonic() + 10.0
+        while (left := session_members(self.proc.pid)) and time.monotonic() < end:
+            for pid in left:  # again while any is left: one may have forked in between
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed += [pid for pid in left if pid not in killed]
+            time.sleep(0.05)
+        self.proc.wait(30)
+        return killed
+
+    def ended(self) -> bool:
+        """Whether the component and every process of its session have ended."""
+        return self.proc is None or (
+            self.proc.poll() is not None and not session_members(self.proc.pid)
+        )
+
 
 class AirflowDeployment:
-    """The four components against one metadata database, on 127.0.0.1, with a REST client."""
+    """The four components against one metadata database, on 127.0.0.1, with a REST client;
+    with ``executor="CeleryExecutor"`` and a ``broker_url``, two Celery workers as well
+    (:data:`CELERY_WORKERS`, one task at a time each, each its own hostname)."""
 
-    def __init__(self, root: Path, db_url: str, dags: dict[str, str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        db_url: str,
+        dags: dict[str, str],
+        executor: str = "LocalExecutor",
+        broker_url: str | None = None,
+        celery_env: dict[str, str] | None = None,
+    ) -> None:
+        if executor not in ("LocalExecutor", "CeleryExecutor"):
+            raise ValueError(f"executor: LocalExecutor or CeleryExecutor, not {executor!r}")
+        if executor == "CeleryExecutor" and not broker_url:
+            raise ValueError("a CeleryExecutor deployment needs broker_url (a RedisServer's url)")
+        self.executor = executor
+        self.broker_url = broker_url
+        self.celery_env = dict(celery_env or {})
         self.root = root
         self.home = root / "airflow_home"
         self.dags_folder = root / "dags"
@@ -279,8 +421,14 @@ class AirflowDeployment:
         for name, source in dags.items():
             (self.dags_folder / name).write_text(source)
         self.env = self._env()
-        self.components = [self._component(name) for name in COMPONENTS]
+        names = COMPONENTS + (CELERY_WORKERS if executor == "CeleryExecutor" else ())
+        self.components = [self._component(name) for name in names]
         self._client: Any = None
+
+    @property
+    def workers(self) -> list[Component]:
+        """The Celery workers (none under the LocalExecutor)."""
+        return [c for c in self.components if c.name in CELERY_WORKERS]
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
@@ -311,9 +459,25 @@ class AirflowDeployment:
             AIRFLOW_SPOT_PLAN_CACHE=str(self.root / "plans"),
             PYTHONUNBUFFERED="1",
         )
+        if self.executor == "CeleryExecutor":
+            env.update(self._celery_env())
         return env
 
+    def _celery_env(self) -> dict[str, str]:
+        """The CeleryExecutor's settings: Redis as the broker, the metadata database as the
+        result backend (Airflow's default), then the test module's own (``celery_env``)."""
+        assert self.broker_url is not None
+        return {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
+            **self.celery_env,
+        }
+
     def _component(self, name: str) -> Component:
+        log = self.root / "logs" / f"{name}.log"
+        if name in CELERY_WORKERS:
+            return self._worker(name, log)
         args = {
             "scheduler": ["scheduler", "--skip-serve-logs"],
             "dag_processor": ["dag-processor"],
@@ -321,7 +485,33 @@ class AirflowDeployment:
             "api_server": ["api-server", "--host", "127.0.0.1", "--port", str(self.port)],
         }[name]
         argv = [sys.executable, "-m", "airflow", *args]
-        return Component(name, argv, self.root / "logs" / f"{name}.log")
+        return Component(name, argv, log)
+
+    def _worker(self, name: str, log: Path) -> Component:
+        """A Celery worker: one task at a time, no log server, its own Celery node name
+        (``celery@worker-1``) and its own task-instance hostname (``worker-1``, what
+        ``[core] hostname_callable`` reports for its tries: both run on this one machine)."""
+        hostname = name.replace("_", "-")
+        module = self.root / "pythonpath" / "spot_deployment_hostname.py"
+        module.parent.mkdir(exist_ok=True)
+        module.write_text(  # the same for every worker: each reads its own variable
+            "import os\n\n\ndef hostname():\n"
+            "    return os.environ['AIRFLOW_SPOT_DEPLOYMENT_HOSTNAME']\n"
+        )
+        path = os.pathsep.join(p for p in (str(module.parent), self.env.get("PYTHONPATH")) if p)
+        argv = [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "1",
+                "--skip-serve-logs", "--celery-hostname", hostname, "--without-mingle",
+                "--without-gossip"]  # fmt: skip
+        extra = {
+            "AIRFLOW_SPOT_DEPLOYMENT_HOSTNAME": hostname,
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "spot_deployment_hostname.hostname",
+            "PYTHONPATH": path,
+        }
+        return Component(name, argv, log, extra_env=extra)
+
+    def worker_ready(self, worker: Component) -> bool:
+        """Whether the Celery worker says it is ready (its ``celery@<name> ready.`` line)."""
+        return f"celery@{worker.name.replace('_', '-')} ready." in tail(worker.log, 200)
 
     # -- life cycle -------------------------------------------------------------------------
     def migrate(self) -> None:
@@ -363,7 +553,9 @@ class AirflowDeployment:
         except Exception:  # noqa: BLE001 - not up yet
             return False
         keys = ("metadatabase", "scheduler", "triggerer", "dag_processor")
-        return all((health.get(k) or {}).get("status") == "healthy" for k in keys)
+        if not all((health.get(k) or {}).get("status") == "healthy" for k in keys):
+            return False
+        return all(self.worker_ready(w) for w in self.workers)
 
     def task_errors(self, limit: int = 20) -> str:
         """The error lines of the task and trigger logs (for a failing test's message)."""
@@ -483,12 +675,69 @@ def deployment_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A private Redis for this module's Celery deployment, stopped and removed after. Without
+    ``redis-server`` or Airflow's Celery provider (the ``celery`` extra) the test is skipped,
+    or fails with ``AIRFLOW_SPOT_REQUIRE_CELERY=1``."""
+    import importlib.util
+
+    binary = redis_server_binary()
+    if binary is None:
+        where = os.environ.get(REDIS_SERVER_ENV) or "redis-server on the PATH"
+        require_or_skip(
+            f"Redis is not installed (no {where}): apt-get install -y redis-server",
+            REQUIRE_CELERY_ENV,
+        )
+    if importlib.util.find_spec("airflow.providers.celery") is None:
+        require_or_skip(
+            "Airflow's Celery provider is not installed: pip install -e '.[celery]'",
+            REQUIRE_CELERY_ENV,
+        )
+    root = Path(tempfile.mkdtemp(prefix="airflow-spot-redis-"))
+    server = RedisServer(binary, root)  # type: ignore[arg-type]
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def deployment_executor() -> str:
+    """The deployment's executor: ``LocalExecutor``; a test module overrides it with
+    ``CeleryExecutor``, asking for ``redis_server`` (its broker) too."""
+    return "LocalExecutor"
+
+
+@pytest.fixture(scope="module")
+def deployment_celery_env() -> dict[str, str]:
+    """Settings (``AIRFLOW__...`` variables) a Celery deployment's module adds; none here."""
+    return {}
+
+
+@pytest.fixture(scope="module")
 def airflow_deployment(
-    postgres_server: PostgresServer, deployment_root: Path, deployment_dags: dict[str, str]
+    request: pytest.FixtureRequest,
+    deployment_executor: str,  # first: a Celery module's skips before PostgreSQL starts
+    postgres_server: PostgresServer,
+    deployment_root: Path,
+    deployment_dags: dict[str, str],
+    deployment_celery_env: dict[str, str],
 ) -> Iterator[AirflowDeployment]:
-    """A migrated database and the four components, all healthy; stopped after the module
-    (a test may stop it earlier: stopping twice is harmless)."""
-    dep = AirflowDeployment(deployment_root, postgres_server.url(), deployment_dags)
+    """A migrated database and the four components (and the Celery workers), all healthy;
+    stopped after the module (a test may stop it earlier: stopping twice is harmless)."""
+    broker = None
+    if deployment_executor == "CeleryExecutor":
+        broker = request.getfixturevalue("redis_server").url()
+    dep = AirflowDeployment(
+        deployment_root,
+        postgres_server.url(),
+        deployment_dags,
+        executor=deployment_executor,
+        broker_url=broker,
+        celery_env=deployment_celery_env,
+    )
     dep.migrate()
     try:
         dep.start()
