@@ -2,7 +2,9 @@
 
 * :class:`FakeKube`: an in-memory Kubernetes API server over HTTP on 127.0.0.1 (kmock's
   emulator behind aiohttp, in a thread of its own), with server-side defaults, selectors and
-  watch fixes added. No real kube-apiserver can run on this machine (no Docker, no kind).
+  watch fixes added. Faster than :mod:`airflow_spot.testing_cluster` (a real control plane,
+  which every Kubernetes behaviour the README claims is tested on), and far less exact: it
+  validates nothing and has no scheduler, eviction or controllers.
 * :class:`FakeCloud`: a kubelet and a cloud that schedule pods onto spot or on-demand nodes,
   run each pod's command as a local process, and inject every preemption signal in the shape
   a real cluster produces it.

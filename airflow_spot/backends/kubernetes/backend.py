@@ -13,6 +13,7 @@ any leftover pod of the task that is not the live attempt.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import time
@@ -387,7 +388,9 @@ class KubernetesBackend:
         try:
             self.api.create_namespaced_pod(self.namespace, pod)
         except ApiException as e:
-            raise BackendError(f"could not create pod {name}: {e.status} {e.reason}") from e
+            raise BackendError(
+                f"could not create pod {name}: {e.status} {e.reason}{api_message(e)}"
+            ) from e
         now = time.time()
         return AttemptHandle(
             launched_at=now,
@@ -998,3 +1001,13 @@ def _failed_init(pod: Any) -> Any:
         if cs.state and cs.state.terminated and cs.state.terminated.exit_code:
             return cs
     return None
+
+
+def api_message(e: Any) -> str:
+    """``": <the server's own message>"`` from an ApiException's Status body, or "": a 403
+    for a missing ServiceAccount reads like RBAC without it."""
+    try:
+        msg = json.loads(e.body or "").get("message")
+    except (TypeError, ValueError, AttributeError):
+        return ""
+    return f": {msg}" if isinstance(msg, str) and msg else ""

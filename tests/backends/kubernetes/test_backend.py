@@ -657,3 +657,15 @@ def test_pool_prices_and_price_sources_are_checked() -> None:
     )
     b = KubernetesBackend(image="img", pools=[ok], env_from_secrets=["hf-token"])
     assert b.pools == (ok,) and b.env_from_secrets == ("hf-token",)  # lists become tuples
+
+
+def test_a_refused_create_says_what_the_server_said() -> None:
+    """A missing ServiceAccount is a 403 that reads like RBAC unless the message is kept."""
+    from types import SimpleNamespace
+
+    from airflow_spot.backends.kubernetes.backend import api_message
+
+    body = '{"kind":"Status","message":"pods \\"p\\" is forbidden: error looking up service account ml/x: serviceaccount \\"x\\" not found","code":403}'
+    assert 'serviceaccount "x" not found' in api_message(SimpleNamespace(body=body))
+    assert api_message(SimpleNamespace(body="not json")) == ""
+    assert api_message(SimpleNamespace(body=None)) == ""
