@@ -94,6 +94,8 @@ def kube_cluster(kube_control_plane: Cluster) -> Iterator[Cluster]:
             c.api.delete_node(node)
         k.nodes.pop(node, None)
     k.lost.clear()
+    k.reclaimed.clear()  # a test's plan counts its own spot pods, from 1
+    k.spot_ordinal.clear()
     try:
         yield Cluster(c.plane, k, ns)
     finally:
