@@ -1,58 +1,108 @@
-"""Chaos on a real deployment (issue 21, deliverable 4; a first part: process faults only).
+"""Chaos on a real deployment, checkpoints in S3 behind a fault proxy (issue 21, deliverable 4).
 
-    python benchmarks/chaos.py [--runs 10] [--seed 7] [--steps 300]
+    python benchmarks/chaos.py [--runs 10] [--kube-runs 2] [--seed 7] [--steps 300]
+                               [--faults-per-run 3] [--s3-windows 2]
 
 Starts what ``tests/deployment`` starts (a private PostgreSQL, ``airflow db migrate``, the
-scheduler with LocalExecutor, dag-processor, triggerer and api-server, all on 127.0.0.1) and
-runs the spot training DAG ``--runs`` times. Preemptions come from a real trace (the bundled
-us-west-2a V100 window, a random offset per run, replayed fast). During each run, at random
-times, it injects faults drawn from:
+scheduler with LocalExecutor, dag-processor, triggerer and api-server, all on 127.0.0.1), and
+moto's S3 server on 127.0.0.1 behind :class:`airflow_spot.testing_faults.FaultProxy`. The spot
+training DAG checkpoints to ``s3://spot-chaos/ckpt/<run>``; the training process (through the
+backend's ``extra_env``) and the operator (through the components' environment) reach S3 only
+through the proxy. Preemptions come from a real trace (the bundled us-west-2a V100 window at
+an offset drawn from ``--seed``, replayed fast). The DAG runs ``--runs`` times; during each run, at
+random times, ``--faults-per-run`` process faults drawn from:
 
 * ``kill_triggerer``: SIGKILL the triggerer's process group, start a new triggerer;
 * ``kill_scheduler``: SIGKILL the scheduler's group (its LocalExecutor workers, so the task
   runner, die with it), start a new scheduler;
-* ``kill_training``: SIGKILL the training process of the live attempt (mid-step or
-  mid-checkpoint: wherever it is);
-* ``restart_api_server``: SIGTERM the api-server, start it again.
+* ``kill_training``: SIGKILL the training process of the live attempt, wherever it is;
+* ``kill_mid_checkpoint``: the proxy holds the training process's next PUT of a checkpoint
+  object (a data file, or the manifest that would make the checkpoint exist); the process
+  writing it is found by the held connection's port, checked to be this run's trainer and
+  the checkpoint checked to have no manifest yet; then SIGKILL, and the held PUT reaches S3
+  afterwards or never (a coin flip), as when a writer dies with its upload on the wire;
+* ``restart_api_server``: SIGTERM the api-server, start it again;
 
-Not injected yet: S3 faults (500s, throttling, dropped connections through a proxy in
-front of moto) and Kubernetes API faults; the runs use the local backend.
+and ``--s3-windows`` S3 fault windows of 1 to 6 s each (every new request meets the fault):
 
-For each run it reads the XCom summary and the attempts' folders and counts: a missed
-deadline or a failed run (``misses``); work lost beyond one checkpoint interval (``lost``);
-a final model that differs from an uninterrupted run's (``corrupt``); two attempts of the
-task training at once outside a make-before-break handover (``duplicates``); a supervisor or
-training process of the run still alive after it ended (``orphans``); an attempt folder no
-ledger row accounts for (``missing``); and spot or on-demand billed past an attempt's lease
-(``unwatched_usd``). It prints one line per fault kind and last, for a machine:
+* ``s3_500``: ``500 InternalError``; ``s3_throttle``: ``503 SlowDown`` for 50 to 100 % of the
+  requests; ``s3_drop``: connections reset mid-request (the server gets half of it) or
+  mid-response (the client gets the head and half the body), and those in flight are cut.
+
+A fault counts once it hit something: a live training process, a held write, at least one
+request in its window. For each run it reads the XCom summary, the attempts' folders and the
+bucket (directly, not through the proxy), and counts:
+
+* ``misses``: a failed run, or its deadline missed (also a run the retries did not absorb);
+* ``lost``: an attempt that lost more than one checkpoint interval: by the operator's ledger
+  (its ``lost_s``), or by the folders: the next attempt resumed more than ``save_every``
+  steps behind where it stopped, or from before a checkpoint it had saved;
+* ``corrupt``: a successful run whose final model (the newest checkpoint with a manifest, in
+  S3) differs from an uninterrupted run's;
+* ``duplicates``: two attempts of the task training at once outside a make-before-break
+  handover;
+* ``orphans``: a supervisor or training process of the run still alive after it ended;
+* ``missing``: an attempt folder that no ledger row accounts for (in a run that left its
+  summary: a failed one is a miss already);
+* ``unwatched_usd``: spot or on-demand billed past an attempt's lease, beyond the notice and
+  grace it takes to stop.
+
+Then ``--kube-runs`` runs of a DAG on the Kubernetes backend against the test cluster
+(``benchmarks/chaos_kube.py``: real etcd, kube-apiserver, controller-manager, scheduler and
+kwok; its binaries are built first if missing), on the same PostgreSQL, with Kubernetes API
+faults (``kube_500``, ``kube_drop``) and spot nodes reclaimed as a trace says. Its counters
+are folded into the same totals.
+
+It prints one line per run, one per fault kind and last, for a machine:
 ``chaos: runs=N faults=M misses=.. lost=.. corrupt=.. duplicates=.. orphans=.. missing=.. unwatched_usd=..``
+``$AIRFLOW_SPOT_S3_RETRY_S``, if set, reaches the training process and the operator (``0``
+turns off the checkpoint store's own retries: what the S3 faults did before it had them).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "deployment"))
 import conftest as deploy  # noqa: E402  (the deployment the tests start)
 
+from airflow_spot.checkpoint.stores import S3_RETRY_ENV, LocalStore, S3Store, Store  # noqa: E402
 from airflow_spot.testing import train_command  # noqa: E402
+from airflow_spot.testing_faults import FaultProxy, Mode, Request  # noqa: E402
 
 DAG_ID = "spot_chaos"
-FAULTS = ("kill_triggerer", "kill_scheduler", "kill_training", "restart_api_server")
+PROCESS_FAULTS = (
+    "kill_triggerer",
+    "kill_scheduler",
+    "kill_training",
+    "kill_mid_checkpoint",
+    "restart_api_server",
+)
+S3_FAULTS = ("s3_500", "s3_throttle", "s3_drop")
+FAULTS = PROCESS_FAULTS + S3_FAULTS
+KUBE_FAULTS = ("kube_500", "kube_drop")  # benchmarks/chaos_kube.py
+COUNTERS = ("misses", "lost", "corrupt", "duplicates", "orphans", "missing", "unwatched_usd")
 SAVE_EVERY = 5
 STEP_S = 0.1
+SCALE = 1800.0  # market seconds a wall second
+BUCKET = "spot-chaos"
+TRAINER = "airflow_spot.examples.train_logreg"
 
 DAG = """
 from datetime import datetime, timedelta, timezone
@@ -66,16 +116,16 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
     SpotTrainingOperator(
         task_id="train",
         command=train_command({steps}, step_seconds={step_s}, save_every={save_every}, seed=7),
-        checkpoint_uri={root!r} + "/ckpt/{{{{ run_id | replace(':', '_') | replace('+', '_') }}}}",
+        checkpoint_uri="s3://{bucket}/ckpt/{{{{ run_id | replace(':', '_') | replace('+', '_') }}}}",
         expected_compute=timedelta(seconds={steps} * {step_s}),
         total_steps={steps},
         deadline=timedelta(seconds={deadline_s}),
         changeover=timedelta(seconds=1),
         policy="deadline_aware",
         max_failures=2,
-        backend=LocalBackend(trace="bundled:cant-be-late/us-west-2a_v100_1/3.json", time_scale=1800.0,
+        backend=LocalBackend(trace="bundled:cant-be-late/us-west-2a_v100_1/3.json", time_scale={scale},
                              offset={offset}, work_dir={root!r} + "/runs",
-                             notice_s=0.2, grace_s=2.0),
+                             notice_s=0.2, grace_s=2.0, extra_env={s3_env!r}),
         decision_interval=timedelta(seconds=12),
         poll_interval=0.5,
         min_deferral=timedelta(seconds=10.5),
@@ -84,6 +134,47 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
         retry_delay=timedelta(seconds=2),
     )
 """
+
+
+class S3:
+    """moto's S3 server on 127.0.0.1 and the fault proxy in front of it; the benchmark itself
+    reads the bucket directly."""
+
+    def __init__(self, seed: int) -> None:
+        import logging
+
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.proxy = FaultProxy((host, port), seed=seed).start()
+        creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+        self.client = boto3.client(
+            "s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1", **creds
+        )
+        self.client.create_bucket(Bucket=BUCKET)
+
+    def env(self) -> dict[str, str]:
+        """What the training process and the operator need to reach S3 (through the proxy)."""
+        env = {
+            "AWS_ENDPOINT_URL": self.proxy.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        if os.environ.get(S3_RETRY_ENV):
+            env[S3_RETRY_ENV] = os.environ[S3_RETRY_ENV]
+        return env
+
+    def store(self, safe: str) -> S3Store:
+        return S3Store(BUCKET, f"ckpt/{safe}", client=self.client)
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.server.stop()
 
 
 def reference_model(root: Path, steps: int) -> str:
@@ -99,17 +190,34 @@ def reference_model(root: Path, steps: int) -> str:
     return model_hash(ckpt)
 
 
-def model_hash(ckpt: Path) -> str:
-    final = sorted(p for p in ckpt.glob("ckpt-*") if (p / "MANIFEST.json").exists())[-1]
+def model_hash(where: Path | Store) -> str:
+    """sha256 over the names and bytes of the newest checkpoint's files (its manifest left out)."""
+    store = LocalStore(where) if isinstance(where, Path) else where
+    keys = store.list("ckpt-")
+    final = max((k.split("/")[0] for k in keys if k.endswith("/MANIFEST.json")), default=None)
+    if final is None:
+        return "no checkpoint"
     h = hashlib.sha256()
-    for f in sorted(final.iterdir()):
-        if f.name != "MANIFEST.json":
-            h.update(f.name.encode() + f.read_bytes())
+    for key in sorted(k for k in keys if k.startswith(final + "/")):
+        name = key[len(final) + 1 :]
+        if name != "MANIFEST.json":
+            h.update(name.encode() + store.get(key))
     return h.hexdigest()
 
 
+def trainers_of(run_dir: Path) -> list[int]:
+    """The training processes of a run (their environment names its folder)."""
+    out = subprocess.run(["pgrep", "-f", TRAINER], capture_output=True, text=True)
+    pids = []
+    for pid in out.stdout.split():
+        with contextlib.suppress(OSError):
+            if str(run_dir).encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                pids.append(int(pid))
+    return pids
+
+
 def inject(dep: deploy.AirflowDeployment, kind: str, run_dir: Path) -> bool:
-    """One fault of ``kind``; False when there was nothing to hit (no live training)."""
+    """One process fault of ``kind``; False when there was nothing to hit (no live training)."""
     comp = {c.name: c for c in dep.components}
     if kind in ("kill_triggerer", "kill_scheduler"):
         c = comp["triggerer" if kind == "kill_triggerer" else "scheduler"]
@@ -124,21 +232,130 @@ def inject(dep: deploy.AirflowDeployment, kind: str, run_dir: Path) -> bool:
         c.start(dep.env)
         deploy.wait_for("api-server back", dep.healthy, 120, every=1.0)
         return True
-    out = subprocess.run(
-        ["pgrep", "-f", "airflow_spot.examples.train_logreg"], capture_output=True, text=True
-    )
-    for pid in out.stdout.split():
-        env = Path(f"/proc/{pid}/environ")
-        try:
-            if str(run_dir).encode() in env.read_bytes():
-                subprocess.run(["kill", "-KILL", pid], check=False)
-                return True
-        except OSError:
-            continue
+    for pid in trainers_of(run_dir):
+        subprocess.run(["kill", "-KILL", str(pid)], check=False)
+        return True
     return False
 
 
-def judge(dep: deploy.AirflowDeployment, run_id: str, root: Path, ref: str) -> Counter:
+def kill_mid_checkpoint(s3: S3, run_dir: Path, safe: str, rng: random.Random) -> str | None:
+    """SIGKILL the training process while the proxy holds its PUT of a checkpoint object; what
+    was hit (None if nothing: no trainer wrote within 20 s)."""
+    import psutil
+
+    manifest = rng.random() < 0.5
+    prefix = f"/{BUCKET}/ckpt/{safe}/ckpt-"
+
+    def writes(req: Request) -> bool:
+        return (
+            req.method == "PUT"
+            and req.path.startswith(prefix)
+            and req.path.endswith("/MANIFEST.json") == manifest
+        )
+
+    held = s3.proxy.hold(writes)
+    req = held.wait(20.0)
+    if req is None:
+        held.release()  # nothing held (one arriving now goes on as usual)
+        return None
+    landed = rng.random() < 0.5  # does the held PUT reach S3 after the kill?
+    forward = True  # (a request held by mistake goes on)
+    try:
+        ckpt = req.path[len(f"/{BUCKET}/ckpt/{safe}/") :].split("/")[0]
+        pid = next(
+            (
+                p
+                for p in trainers_of(run_dir)
+                if any(
+                    c.laddr and tuple(c.laddr)[:2] == req.client
+                    for c in psutil.Process(p).net_connections(kind="tcp")
+                )
+            ),
+            None,
+        )
+        if pid is None or f"{ckpt}/MANIFEST.json" in s3.store(safe).list(ckpt + "/"):
+            return None  # not this run's trainer, or not mid-checkpoint: no fault
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGKILL)
+        forward = landed
+        psutil.wait_procs([proc], timeout=10)
+        return f"{req.path.rsplit('/', 2)[-2]}/{req.path.rsplit('/', 1)[-1]} {'landed' if landed else 'lost'}"
+    except psutil.Error:
+        return None
+    finally:
+        held.release(forward=forward)
+
+
+def plan_windows(rng: random.Random, n: int) -> list[tuple[float, float, str, Mode, float]]:
+    """``n`` S3 fault windows, one after the other: (start after the run's, length, kind,
+    proxy mode, rate)."""
+    plan = []
+    at = rng.uniform(5, 20)
+    for _ in range(n):
+        kind = rng.choice(S3_FAULTS)
+        length = rng.uniform(1, 6)
+        mode, rate = {
+            "s3_500": (Mode.HTTP_500, 1.0),
+            "s3_throttle": (Mode.THROTTLE, rng.uniform(0.5, 1.0)),
+            "s3_drop": (rng.choice((Mode.DROP_REQUEST, Mode.DROP_RESPONSE)), 1.0),
+        }[kind]
+        plan.append((at, length, kind, mode, rate))
+        at += length + rng.uniform(5, 25)
+    return plan
+
+
+def run_windows(
+    s3: S3, plan: list, run_dir: Path, start: float, end: threading.Event, out: list
+) -> None:
+    """Open each planned window on the proxy (a thread runs this), once its time has come and
+    a training process of the run is alive (so that its saves meet the faults), until the
+    run ``end``s; (kind, start, length, requests hit) of each into ``out``."""
+    for planned, length, kind, mode, rate in plan:
+        if end.wait(max(0.0, start + planned - time.time())):
+            return
+        while not trainers_of(run_dir):
+            if end.wait(0.5):
+                return
+        at = time.time() - start
+        before = s3.proxy.hits[mode]
+        s3.proxy.set(mode, rate)
+        if kind == "s3_drop":
+            s3.proxy.cut_open()  # and what is in flight
+        end.wait(length)
+        s3.proxy.set(Mode.PASS)
+        out.append((kind, at, length, s3.proxy.hits[mode] - before))
+
+
+def attempt_steps(run_dirs: list[Path]) -> list[tuple[int, int, int]]:
+    """(resumed from, last step reported, last checkpoint saved) of each attempt that trained,
+    in attempt order (from its ``attempt.log`` and ``progress.json``)."""
+    out = []
+    for d in sorted(run_dirs, key=lambda p: int(re.sub(r"\D", "", p.name) or 0)):
+        try:
+            prog = json.loads((d / "progress.json").read_text())
+        except (OSError, ValueError):
+            continue  # never trained (no capacity, held, killed before its first step)
+        log = (
+            (d / "attempt.log").read_text(errors="replace") if (d / "attempt.log").exists() else ""
+        )
+        found = re.search(r"Resuming from checkpoint ckpt-\d+ \(step (\d+)", log)
+        resumed = int(found.group(1)) if found else 0
+        out.append((resumed, int(prog["step"]), int(prog.get("checkpoint_step") or 0)))
+    return out
+
+
+def losses(summary: dict, run_dirs: list[Path]) -> int:
+    """Attempts that lost more than one checkpoint interval: by the ledger, or by the
+    folders (the next attempt resumed too far behind, or from before a saved checkpoint)."""
+    interval_s = SAVE_EVERY * STEP_S * SCALE  # one checkpoint interval, market seconds
+    n = sum(1 for s in summary.get("segments") or [] if s.get("lost_s", 0) > interval_s + 1e-6)
+    steps = attempt_steps(run_dirs)
+    for (_, reached, saved), (resumed, _, _) in zip(steps, steps[1:], strict=False):
+        n += resumed < saved or reached - resumed > SAVE_EVERY
+    return n
+
+
+def judge(dep: deploy.AirflowDeployment, s3: S3, run_id: str, root: Path, ref: str) -> Counter:
     c: Counter = Counter()
     run = dep.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
     try:
@@ -149,11 +366,12 @@ def judge(dep: deploy.AirflowDeployment, run_id: str, root: Path, ref: str) -> C
     except Exception:  # noqa: BLE001 - no summary: the run failed
         summary = {}
     c["misses"] += run["state"] != "success" or not summary.get("deadline_met")
-    interval_h = SAVE_EVERY * STEP_S * 1800.0 / 3600.0  # one checkpoint interval, market hours
-    c["lost"] += (summary.get("work_lost_hours") or 0.0) > interval_h + 1e-6
     safe = run_id.replace(":", "_").replace("+", "_")
-    ckpt = root / "ckpt" / safe
-    c["corrupt"] += run["state"] == "success" and model_hash(ckpt) != ref
+    run_dirs = [
+        p for p in (root / "runs").glob(f"{DAG_ID}/{safe}/train/-1/attempt-*") if p.is_dir()
+    ]
+    c["lost"] += losses(summary, [p for p in run_dirs if ".leftover-" not in p.name])
+    c["corrupt"] += run["state"] == "success" and model_hash(s3.store(safe)) != ref
     attempts = summary.get("attempts") or []
     spans = sorted(
         (a["start_h"], a["end_h"], a.get("handed_to"))
@@ -162,20 +380,21 @@ def judge(dep: deploy.AirflowDeployment, run_id: str, root: Path, ref: str) -> C
     )
     for (_, e0, handed), (s1, _, _) in zip(spans, spans[1:], strict=False):
         c["duplicates"] += s1 < e0 - 1e-6 and handed is None
-    run_dirs = [
-        p for p in (root / "runs").glob(f"{DAG_ID}/{safe}/train/-1/attempt-*") if p.is_dir()
-    ]
-    c["missing"] += max(0, len([p for p in run_dirs if ".leftover-" not in p.name]) - len(attempts))
+    if summary:  # (a failed run leaves no summary: its ledger cannot be read here)
+        c["missing"] += max(
+            0, len([p for p in run_dirs if ".leftover-" not in p.name]) - len(attempts)
+        )
     time.sleep(3)
+    run_dir = root / "runs" / DAG_ID / safe
     left = subprocess.run(
-        ["pgrep", "-f", f"{root}/runs/{DAG_ID}/{safe}/"], capture_output=True, text=True
+        ["pgrep", "-f", f"{run_dir}/"], capture_output=True, text=True
     ).stdout.split()
-    c["orphans"] += len(left)
+    c["orphans"] += len(set(left) | {str(p) for p in trainers_of(run_dir)})
     c["unwatched_usd"] += unwatched_usd(run_dirs)
     return c
 
 
-def unwatched_usd(run_dirs: list[Path], scale: float = 1800.0, stop_s: float = 2.2) -> float:
+def unwatched_usd(run_dirs: list[Path], scale: float = SCALE, stop_s: float = 2.2) -> float:
     """Capacity billed past each attempt's lease, beyond the notice and grace (``stop_s``) it
     takes to stop by itself: wall seconds at ``scale`` market seconds each, at the
     reference prices (spot $0.9731, on-demand $3.06 an hour)."""
@@ -194,74 +413,146 @@ def unwatched_usd(run_dirs: list[Path], scale: float = 1800.0, stop_s: float = 2
     return usd
 
 
+def one_run(
+    dep: deploy.AirflowDeployment, s3: S3, args: Any, rng: random.Random, root: Path, ref: str
+) -> tuple[str, Counter, Counter, list[str]]:
+    """One DAG run under faults: (its state, its counters, the faults that hit, notes)."""
+    deadline_s = deadline_of(args.steps)
+    run_id = dep.trigger(DAG_ID)
+    safe = run_id.replace(":", "_").replace("+", "_")
+    run_dir = root / "runs" / DAG_ID / safe
+    start = time.time()
+    kinds: Counter = Counter()
+    notes: list[str] = []
+    end = threading.Event()
+    windows: list = []
+    requests_before = sum(s3.proxy.hits.values())
+    s3_thread = threading.Thread(
+        target=run_windows,
+        args=(s3, plan_windows(rng, args.s3_windows), run_dir, start, end, windows),
+        daemon=True,
+    )
+    plan = sorted(rng.uniform(8, deadline_s * 0.6) for _ in range(args.faults_per_run))
+    kinds_plan = [rng.choice(PROCESS_FAULTS) for _ in plan]
+    s3_thread.start()
+    try:
+        while True:
+            state = dep.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
+            if state in ("success", "failed") or time.time() - start > deadline_s * 3:
+                break
+            if plan and time.time() - start >= plan[0]:
+                plan.pop(0)
+                kind = kinds_plan.pop(0)
+                at = time.time() - start
+                if kind == "kill_mid_checkpoint":
+                    hit = kill_mid_checkpoint(s3, run_dir, safe, rng)
+                else:
+                    hit = inject(dep, kind, run_dir)
+                kinds[kind] += bool(hit)
+                notes.append(
+                    f"{kind}@{at:.0f}s"
+                    + (f" ({hit})" if isinstance(hit, str) else "")
+                    + ("" if hit else " missed")
+                )
+            time.sleep(1.0)
+    finally:
+        end.set()
+        s3_thread.join(30)
+        s3.proxy.set(Mode.PASS)
+    for kind, at, length, requests in windows:
+        kinds[kind] += requests > 0
+        notes.append(f"{kind}@{at:.0f}s for {length:.0f}s: {requests} requests")
+    notes.append(f"{sum(s3.proxy.hits.values()) - requests_before} S3 requests")
+    return state, judge(dep, s3, run_id, root, ref), kinds, notes
+
+
+def deadline_of(steps: int) -> float:
+    return steps * STEP_S * 2 + 40  # slack for 12 s decisions (a quarter of it)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=10)  # about 18 minutes
+    ap.add_argument("--runs", type=int, default=10)  # LocalBackend runs with S3 checkpoints
+    ap.add_argument("--kube-runs", type=int, default=2)  # Kubernetes backend runs (0: none)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--faults-per-run", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--faults-per-run", type=int, default=3)  # process (or API) faults
+    ap.add_argument("--s3-windows", type=int, default=2)  # S3 fault windows a run
+    args = ap.parse_args()  # the defaults: about 20 minutes on 2 cores
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="airflow-spot-chaos-"))
     ref = reference_model(root, args.steps)
-    deadline_s = args.steps * STEP_S * 2 + 40  # slack for 12 s decisions (a quarter of it)
     bin_dir = deploy.postgres_bin_dir()
     if bin_dir is None:
         sys.exit("chaos: PostgreSQL is not installed (apt-get install -y postgresql)")
+    if args.kube_runs:  # the test cluster's binaries, built now if missing (not mid-run)
+        from airflow_spot.testing_cluster.plane import ensure_binaries
+
+        ensure_binaries()
+    s3 = S3(args.seed)
     pg = deploy.PostgresServer(bin_dir, Path(tempfile.mkdtemp(prefix="airflow-spot-pg-")))
-    pg.start()
-    dags = {
-        "chaos.py": DAG.format(
+    total: Counter = Counter()
+    kinds: Counter = Counter()
+    dep = None
+    try:
+        pg.start()
+        source = DAG.format(
             dag_id=DAG_ID,
             steps=args.steps,
             step_s=STEP_S,
             save_every=SAVE_EVERY,
+            bucket=BUCKET,
             root=str(root),
-            deadline_s=deadline_s,
+            deadline_s=deadline_of(args.steps),
             offset=rng.randrange(0, 200),
+            scale=SCALE,
+            s3_env=s3.env(),
         )
-    }
-    dep = deploy.AirflowDeployment(root / "deploy", pg.url(), dags)
-    total: Counter = Counter()
-    kinds: Counter = Counter()
-    try:
+        dep = deploy.AirflowDeployment(root / "deploy", pg.url(), {"chaos.py": source})
+        dep.env.update(s3.env())  # the operator's own checkpoint reads, through the proxy
         dep.migrate()
         dep.start()
         dep.wait_for_dag(DAG_ID)
         for n in range(args.runs):
-            run_id = dep.trigger(DAG_ID)
-            safe = run_id.replace(":", "_").replace("+", "_")
-            run_dir = root / "runs" / DAG_ID / safe
-            start = time.time()
-            plan = sorted(rng.uniform(8, deadline_s * 0.6) for _ in range(args.faults_per_run))
-            while True:
-                state = dep.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
-                if state in ("success", "failed"):
-                    break
-                if plan and time.time() - start >= plan[0]:
-                    plan.pop(0)
-                    kind = rng.choice(FAULTS)
-                    if inject(dep, kind, run_dir):
-                        kinds[kind] += 1
-                if time.time() - start > deadline_s * 3:
-                    break
-                time.sleep(1.0)
-            got = judge(dep, run_id, root, ref)
+            t0 = time.time()
+            state, got, hit, notes = one_run(dep, s3, args, rng, root, ref)
             total += got
+            kinds += hit
             print(
-                f"run {n + 1}: {state} in {time.time() - start:.0f} s; {dict(got) or 'clean'}",
+                f"run {n + 1}: {state} in {time.time() - t0:.0f} s; faults {dict(hit) or 'none'};"
+                f" {'; '.join(notes)}; {dict(+got) or 'clean'}",
                 flush=True,
             )
-    finally:
         dep.stop()
-        pg.stop()
         dep.ledger.kill_alive()
-    for kind in FAULTS:
+        dep = None
+        if args.kube_runs:  # the same PostgreSQL, a deployment of its own
+            import chaos_kube
+
+            kube_root = root / "k8s"
+            kube_root.mkdir()
+
+            def ref_of(where: Path, steps: int) -> tuple[str, Any]:
+                return reference_model(where, steps), model_hash
+
+            got, hit = chaos_kube.run_kube_chaos(
+                args.kube_runs, args.seed, args.steps, args.faults_per_run, pg,
+                kube_root, ref_of,
+            )  # fmt: skip
+            total += Counter({k: got[k] for k in COUNTERS})
+            kinds += hit
+    finally:
+        if dep is not None:
+            dep.stop()
+            dep.ledger.kill_alive()
+        pg.stop()
+        s3.stop()
+    for kind in FAULTS + (KUBE_FAULTS if args.kube_runs else ()):
         print(f"fault {kind}: {kinds[kind]}")
-    faults = sum(kinds.values())
     print(
-        f"chaos: runs={args.runs} faults={faults} misses={total['misses']} lost={total['lost']} "
-        f"corrupt={total['corrupt']} duplicates={total['duplicates']} orphans={total['orphans']} "
+        f"chaos: runs={args.runs + args.kube_runs} faults={sum(kinds.values())} "
+        f"misses={total['misses']} lost={total['lost']} corrupt={total['corrupt']} "
+        f"duplicates={total['duplicates']} orphans={total['orphans']} "
         f"missing={total['missing']} unwatched_usd={total['unwatched_usd']:.2f}"
     )
 

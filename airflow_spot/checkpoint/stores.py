@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 import os
+import random
 import re
 import secrets
 import shutil
@@ -31,6 +32,14 @@ TMP_PREFIX = ".airflow-spot-tmp."  # unfinished writes: never listed, swept by r
 CREDENTIALS_WAIT_ENV = "AIRFLOW_SPOT_CREDENTIALS_WAIT_S"  # a trainer's wait for AWS credentials
 MULTIPART_FROM = 64 << 20  # S3: a file above this goes up and down in parts
 SINGLE_PUT_MAX = 5 << 30  # S3: the most one PUT takes (bytes above it go in parts)
+S3_RETRY_ENV = "AIRFLOW_SPOT_S3_RETRY_S"  # how long a passing S3 error is retried
+S3_RETRY_S = 60.0
+S3_RETRY_MAX_WAIT_S = 4.0  # the longest wait between two tries
+# S3 error codes that pass by themselves (5xx and throttling)
+TRANSIENT_CODES = frozenset(
+    {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown",
+     "RequestTimeout", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
+)  # fmt: skip
 
 
 def file_digest(path: str | os.PathLike[str]) -> tuple[str, int]:
@@ -215,14 +224,67 @@ class LocalStore:
                 folder = folder.parent
 
 
+def _transient(e: BaseException) -> bool:
+    """Whether an S3 error passes by itself: a 5xx or throttling answer, or a connection
+    refused, cut or timed out (also mid-body, where botocore has stopped retrying); SSL
+    errors and every 4xx are not."""
+    from botocore.exceptions import (
+        ConnectionError,
+        HTTPClientError,
+        IncompleteReadError,
+        SSLError,
+    )
+
+    seen: BaseException | None = e
+    while seen is not None:  # boto3's transfers wrap the error (S3UploadFailedError)
+        if isinstance(seen, SSLError):
+            return False
+        if isinstance(seen, (ConnectionError, HTTPClientError, IncompleteReadError)):
+            return True
+        if _code(seen) in TRANSIENT_CODES:
+            return True
+        last = getattr(seen, "last_exception", None)  # boto3's RetriesExceededError
+        seen = last if isinstance(last, BaseException) else seen.__cause__ or seen.__context__
+    return False
+
+
+def _retried(self, method, args, kwargs):
+    """``method``, tried again with backoff while it fails with a passing error, for up to
+    ``$AIRFLOW_SPOT_S3_RETRY_S`` seconds (botocore's own retries give up after seconds, and
+    not at all once a body streams): a trainer then rides out S3 throttling or a dropped
+    connection instead of exiting 1, and a watcher's look does not fail its task's try."""
+    give_up = time.monotonic() + float(os.environ.get(S3_RETRY_ENV, S3_RETRY_S))
+    delay = 0.5
+    while True:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            left = give_up - time.monotonic()
+            if not _transient(e) or left <= 0:
+                raise
+            wait = min(delay * random.uniform(0.5, 1.0), left)
+            log.warning(
+                "%s: %s failed (%s: %s); trying again in %.1f s (for %.0f s more).",
+                self.uri,
+                method.__name__,
+                type(e).__name__,
+                e,
+                wait,
+                left,
+            )
+            time.sleep(wait)
+            delay = min(delay * 2, S3_RETRY_MAX_WAIT_S)
+
+
 def _named(method):
-    """Turn the S3 errors a user fixes (no credentials, no such bucket) into a ConfigError
-    naming ``checkpoint_uri`` and the fix, instead of botocore's traceback on every retry."""
+    """Retry passing S3 errors for a while (:func:`_retried`), and turn the errors a user
+    fixes (no credentials, no such bucket) into a ConfigError naming ``checkpoint_uri`` and
+    the fix, instead of botocore's traceback on every retry."""
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         try:
-            return method(self, *args, **kwargs)
+            return _retried(self, method, args, kwargs)
         except Exception as e:
             kind = type(e).__name__
             code = _code(e)

@@ -16,11 +16,12 @@ ROOT = os.environ.get("SPOT_TEST_DIR", "/tmp/airflow-spot-test")
 TRACE = os.environ.get("SPOT_TEST_TRACE", "bundled:cant-be-late/us-west-2a_v100_1/8.json")
 STEPS = int(os.environ.get("SPOT_TEST_STEPS", "200"))
 SCALE = float(os.environ.get("SPOT_TEST_SCALE", "1800"))
+STEP_S = float(os.environ.get("SPOT_TEST_STEP_S", "0.05"))  # wall seconds a training step
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _train(steps: int, seed: int = 7) -> list[str]:
-    return train_command(steps, step_seconds=0.05, save_every=5, seed=seed)
+    return train_command(steps, step_seconds=STEP_S, save_every=5, seed=seed)
 
 
 with DAG(
@@ -30,7 +31,7 @@ with DAG(
         task_id="train",
         command=_train(STEPS),
         checkpoint_uri=ROOT + "/ckpt/{{ run_id | replace(':', '_') | replace('+', '_') }}",
-        expected_compute=timedelta(seconds=STEPS * 0.05),
+        expected_compute=timedelta(seconds=STEPS * STEP_S),
         total_steps=STEPS,
         deadline=timedelta(seconds=float(os.environ.get("SPOT_TEST_DEADLINE_S", "17"))),
         changeover=timedelta(seconds=0.1),

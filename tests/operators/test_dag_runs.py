@@ -58,7 +58,12 @@ def test_preemptions_resume_and_fallback_meet_the_deadline(monkeypatch, tmp_path
         tmp_path,
         "preemptions_dag",
         SPOT_TEST_TRACE=str(trace),
-        SPOT_TEST_DEADLINE_S="17",
+        # the market at half speed (900 trace seconds a wall second, steps of 0.1 s, the same
+        # 8.5 market hours of deadline): a loaded machine's process starts and wakes then
+        # cost half as many market hours (at 1800x a load of 4 made it miss)
+        SPOT_TEST_SCALE="900",
+        SPOT_TEST_STEP_S="0.1",
+        SPOT_TEST_DEADLINE_S="34",
         SPOT_TEST_POLICY="greedy",
     )
     assert dr.state == "success"
