@@ -8,7 +8,7 @@ with a DAG on the Kubernetes backend against the test cluster
 (:mod:`airflow_spot.testing_cluster`: real etcd, kube-apiserver, controller-manager, scheduler
 and kwok; our kubelet runs the pods as local processes). The task reaches the cluster through
 an Airflow Kubernetes connection that holds ``docker/rbac.yaml``'s ServiceAccount token, and
-through :class:`KubeFaultProxy`, a TLS-terminating proxy in front of the API server.
+through :func:`kube_fault_proxy`, a TLS-terminating fault proxy in front of the API server.
 
 Spot comes and goes as the bundled us-west-2a V100 trace says, at ``SCALE`` market seconds a
 wall second (a random offset per run). When the trace says spot is gone, every spot node is
@@ -38,7 +38,6 @@ import contextlib
 import importlib.util
 import json
 import random
-import socket
 import ssl
 import sys
 import tempfile
@@ -53,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests" / "deployment"))
 import conftest as deploy  # noqa: E402  (the deployment the tests start)
 
 from airflow_spot.simulate.traces import load_trace  # noqa: E402
+from airflow_spot.testing_faults import KUBERNETES_ANSWERS, FaultProxy, Mode  # noqa: E402
 
 DAG_ID = "spot_chaos_k8s"
 NS = "ml-training"
@@ -106,129 +106,21 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
 """
 
 
-class KubeFaultProxy:
-    """A TLS-terminating proxy on 127.0.0.1 in front of the API server, one request per
-    connection (it asks the server to close after each answer). ``mode``: ``"pass"``,
-    ``"500"`` (answered by the proxy, as the API server answers an internal error) or
-    ``"drop"`` (the connection is cut after the first bytes of the answer)."""
-
-    def __init__(self, upstream: str, ca: Path, cert: Path, key: Path) -> None:
-        host, port = upstream.removeprefix("https://").rsplit(":", 1)
-        self.upstream = (host, int(port))
-        self.mode = "pass"
-        self.counts: Counter = Counter()
-        self._server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self._server.load_cert_chain(cert, key)
-        self._client = ssl.create_default_context(cafile=str(ca))
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="kube-fault-proxy", daemon=True)
-
-    @property
-    def server(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def start(self) -> KubeFaultProxy:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._sock.close()
-        self._thread.join(5)
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, raw: socket.socket) -> None:
-        conn = up = None
-        try:
-            raw.settimeout(30)
-            conn = self._server.wrap_socket(raw, server_side=True)
-            head, body = _read_request(conn)
-            if head is None:
-                return
-            mode = self.mode
-            self.counts[mode] += 1
-            if mode == "500":
-                msg = json.dumps(
-                    {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "status": "Failure",
-                        "message": "chaos: injected internal error",
-                        "reason": "InternalError",
-                        "code": 500,
-                    }
-                ).encode()
-                conn.sendall(
-                    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-                    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(msg), msg)
-                )
-                return
-            up = self._client.wrap_socket(
-                socket.create_connection(self.upstream, timeout=30),
-                server_hostname=self.upstream[0],
-            )
-            up.sendall(_close_after(head) + body)
-            while True:
-                chunk = up.recv(65536)
-                if not chunk:
-                    return
-                if mode == "drop":  # the first bytes of the answer, then the line goes dead
-                    conn.sendall(chunk[: max(1, min(len(chunk) // 2, 64))])
-                    raw.setsockopt(
-                        socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
-                    )
-                    return
-                conn.sendall(chunk)
-        except (OSError, ssl.SSLError):
-            return
-        finally:
-            for s in (up, conn or raw):
-                if s is not None:
-                    with contextlib.suppress(OSError):
-                        s.close()
-
-
-def _read_request(conn: ssl.SSLSocket) -> tuple[bytes | None, bytes]:
-    """One HTTP/1.1 request: (its head, its body); (None, b"") if the client went away."""
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None, b""
-        buf += chunk
-        if len(buf) > 1 << 20:
-            return None, b""
-    head, _, body = buf.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value.strip())
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None, b""
-        body += chunk
-    return head + b"\r\n\r\n", body
-
-
-def _close_after(head: bytes) -> bytes:
-    lines = [
-        ln
-        for ln in head.rstrip(b"\r\n").split(b"\r\n")
-        if not ln.lower().startswith(b"connection:")
-    ]
-    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n"
+def kube_fault_proxy(upstream: str, ca: Path, cert: Path, key: Path) -> FaultProxy:
+    """:class:`~airflow_spot.testing_faults.FaultProxy` in front of the API server at
+    ``upstream``: TLS terminated with the server's own certificate (the kubeconfig's CA
+    trusts it), re-encrypted towards the server, Kubernetes ``Status`` answers."""
+    host, port = upstream.removeprefix("https://").rsplit(":", 1)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(ca))
+    return FaultProxy(
+        (host, int(port)),
+        answers=KUBERNETES_ANSWERS,
+        server_ssl=server,
+        upstream_ssl=client,
+        timeout=30.0,
+    )
 
 
 def _load(name: str, path: Path) -> Any:
@@ -250,7 +142,7 @@ class KubeChaos:
         self.trace = load_trace(TRACE, polarity="unavailable")  # as LocalBackend's default
         self.plane: Any = None
         self.kubelet: Any = None
-        self.proxy: KubeFaultProxy | None = None
+        self.proxy: FaultProxy | None = None
         self._market: threading.Thread | None = None
         self._market_stop = threading.Event()
         self.alive: dict[str, float] = {}  # pod key -> last wall time its container ran
@@ -286,11 +178,11 @@ class KubeChaos:
             client.AuthenticationV1TokenRequest(spec={"audiences": [], "expirationSeconds": 86400}),
         ).status.token
         pk = self.plane.root / "pki"
-        self.proxy = KubeFaultProxy(
+        self.proxy = kube_fault_proxy(
             self.plane.server, pk / "ca.crt", pk / "apiserver.crt", pk / "apiserver.key"
         ).start()
         self.kubeconfig = write_kubeconfig(
-            self.root / "sa.kubeconfig", self.proxy.server, pk / "ca.crt", token=token
+            self.root / "sa.kubeconfig", self.proxy.url, pk / "ca.crt", token=token
         )
         return self
 
@@ -378,13 +270,16 @@ class KubeChaos:
     def inject(self, kind: str) -> bool:
         """A fault window of ``kind``, a few seconds long, in the background."""
         assert self.proxy is not None
-        mode = {"kube_500": "500", "kube_drop": "drop"}[kind]
+        proxy = self.proxy
+        mode = {"kube_500": Mode.HTTP_500, "kube_drop": Mode.DROP_RESPONSE}[kind]
         hold = self.rng.uniform(2.0, 6.0)
 
         def window() -> None:
-            self.proxy.mode = mode  # type: ignore[union-attr]
+            proxy.set(mode)
+            if mode is Mode.DROP_RESPONSE:
+                proxy.cut_open()  # and the connections in flight (a watch, a long read)
             time.sleep(hold)
-            self.proxy.mode = "pass"  # type: ignore[union-attr]
+            proxy.set(Mode.PASS)
 
         threading.Thread(target=window, daemon=True).start()
         return True
@@ -463,7 +358,7 @@ def run_kube_chaos(
         for n in range(runs):
             chaos.begin()
             assert chaos.proxy is not None
-            chaos.proxy.counts.clear()
+            chaos.proxy.hits.clear()
             run_id = dep.trigger(DAG_ID)
             start = time.time()
             plan = sorted(rng.uniform(5, chaos.deadline_s * 0.6) for _ in range(faults_per_run))
@@ -486,8 +381,9 @@ def run_kube_chaos(
             print(
                 f"kubernetes run {n + 1}: {state} in {time.time() - start:.0f} s, "
                 f"{got['attempts']} attempts, {got['preemptions']} preemptions, requests "
-                f"answered 500: {chaos.proxy.counts['500']}, dropped: {chaos.proxy.counts['drop']}"
-                f" (of {sum(chaos.proxy.counts.values())}); {shown or 'clean'}",
+                f"answered 500: {chaos.proxy.hits[Mode.HTTP_500]}, dropped: "
+                f"{chaos.proxy.hits[Mode.DROP_RESPONSE]} (of {sum(chaos.proxy.hits.values())}); "
+                f"{shown or 'clean'}",
                 flush=True,
             )
     finally:

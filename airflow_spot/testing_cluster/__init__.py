@@ -2,6 +2,8 @@
 
 * :class:`ControlPlane`: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
   kwok on 127.0.0.1, built from Go modules (``tools/k8s/build.sh``);
+* :class:`~.karpenter.Karpenter`: Karpenter's kwok provider against it (NodeClaims, nodes,
+  consolidation and their events the real ones), started by the opt-in ``karpenter`` fixture;
 * :class:`Kubelet`: what runs on the simulated nodes: each bound pod's command as a local
   process, its status written as the kubelet writes it; and the cloud: which spot nodes exist,
   and how each is taken away.

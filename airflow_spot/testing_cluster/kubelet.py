@@ -12,6 +12,11 @@ kubelet's part, as the kubelet does it:
 * graceful node shutdown: SIGTERM, then ``Failed`` with ``reason: Terminated``, the kubelet's
   message and the ``DisruptionTarget`` condition ``TerminationByKubelet``.
 
+Nodes made by Karpenter (label ``karpenter.sh/nodepool``, see :mod:`.karpenter`) are adopted:
+their pods run here too, their startup taint is removed once Karpenter has registered them (a
+node agent's part), and the cloud behind them is Karpenter's. Pods of a namespace in
+:attr:`Kubelet.leave_to_karpenter` get no node from us.
+
 And the cloud's part: a node is made for a pending pod that fits nowhere (labels from its node
 selector, taints from its tolerations, as an autoscaler would), spot only while
 ``spot_available``; an empty node it made is given back; and a spot node is reclaimed in
@@ -45,6 +50,8 @@ from typing import Any
 
 from airflow_spot.backends.kubernetes.classify import SHUTDOWN_MESSAGES
 from airflow_spot.testing_cluster import pki
+from airflow_spot.testing_cluster.karpenter import NODEPOOL_LABEL as KARPENTER_NODEPOOL
+from airflow_spot.testing_cluster.karpenter import REGISTERED_LABEL, STARTUP_TAINT
 from airflow_spot.testing_cluster.plane import KWOK_LABEL, free_port
 
 SHUTDOWN_MSG = SHUTDOWN_MESSAGES[0]  # the kubelet's own words, as the classifier reads them
@@ -89,6 +96,10 @@ class Kubelet:
         self.give_back_after_s = give_back_after_s
         self.spot_available = True
         self.nodes: dict[str, dict[str, str]] = {}  # node -> labels (the ones we made)
+        self.adopted: set[str] = set()  # Karpenter's nodes: we run their pods, never delete them
+        self._foreign: set[str] = set()  # nodes seen that are neither ours nor Karpenter's
+        self.leave_to_karpenter: set[str] = set()  # namespaces whose pods Karpenter serves
+        self._next_node_scan = 0.0
         self.lost: set[str] = set()  # nodes whose machine is gone (nothing runs there)
         self.procs: dict[str, subprocess.Popen | None] = {}  # "ns/name" -> its container
         # (None: a pod that runs nothing, a probe's pause)
@@ -180,14 +191,66 @@ class Kubelet:
             for pod in pods:
                 key = f"{pod.metadata.namespace}/{pod.metadata.name}"
                 node = pod.spec.node_name
-                if node in self.nodes and node not in self.lost:
+                if node and node not in self.lost and self._runs_here(node):
                     seen.add(key)
                     self._tend(key, pod)
-                elif not node and self.autoscale and _unschedulable(pod):
+                elif (
+                    not node
+                    and self.autoscale
+                    and pod.metadata.namespace not in self.leave_to_karpenter
+                    and _unschedulable(pod)
+                ):
                     self._provision(pod, pods)
             for key in [k for k in self.procs if k not in seen]:
                 _kill(self.procs.pop(key), signal.SIGKILL)  # gone from the API, or its node
             self._give_back(pods)
+            self._start_karpenter_nodes()
+
+    def _start_karpenter_nodes(self) -> None:
+        """Adopt Karpenter's nodes, and lift their startup taint once Karpenter registered them
+        (at most every 0.25 s; a conflicting update is tried again on the next scan)."""
+        from kubernetes.client.exceptions import ApiException
+
+        now = time.monotonic()
+        if not self.leave_to_karpenter or now < self._next_node_scan:
+            return
+        self._next_node_scan = now + 0.25
+        for node in self.api.list_node(label_selector=KARPENTER_NODEPOOL).items:
+            if node.metadata.name in self.nodes or not _karpenters(node):
+                continue  # one of ours that only carries the label (a pod's node selector)
+            self.adopted.add(node.metadata.name)
+            taints = [t.to_dict() for t in node.spec.taints or []]
+            if (node.metadata.labels or {}).get(REGISTERED_LABEL) != "true" or not any(
+                t["key"] == STARTUP_TAINT["key"] for t in taints
+            ):
+                continue
+            body = {
+                "metadata": {"resourceVersion": node.metadata.resource_version},
+                "spec": {"taints": [_camel(t) for t in taints if t["key"] != STARTUP_TAINT["key"]]},
+            }
+            with contextlib.suppress(ApiException):  # 409: changed meanwhile, next scan
+                self.api.patch_node(node.metadata.name, body)
+
+    def _runs_here(self, node: str) -> bool:
+        """A node we made, or one of Karpenter's (adopted the first time a pod is bound to it,
+        while some namespace is left to Karpenter: no extra API call otherwise)."""
+        if node in self.nodes or node in self.adopted:
+            return True
+        if node in self._foreign or not self.leave_to_karpenter:
+            return False
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            n = self.api.read_node(node)
+        except ApiException as e:
+            if e.status == 404:
+                return False  # gone (or not there yet): asked again next time
+            raise
+        if _karpenters(n):
+            self.adopted.add(node)
+            return True
+        self._foreign.add(node)
+        return False
 
     def _tend(self, key: str, pod: Any) -> None:
         phase = pod.status.phase if pod.status else None
@@ -531,6 +594,12 @@ class Kubelet:
         self._http = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Logs)
         self._http.socket = ctx.wrap_socket(self._http.socket, server_side=True)
         threading.Thread(target=self._http.serve_forever, name="kubelet-logs", daemon=True).start()
+
+
+def _karpenters(node: Any) -> bool:
+    """Made by Karpenter's kwok provider: its NodePool's label and a ``kwok://`` provider ID."""
+    labels = node.metadata.labels or {}
+    return KARPENTER_NODEPOOL in labels and (node.spec.provider_id or "").startswith("kwok://")
 
 
 def _unschedulable(pod: Any) -> bool:

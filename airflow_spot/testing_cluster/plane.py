@@ -26,6 +26,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,35 @@ def write_kubeconfig(
     return path
 
 
+def spawn(
+    binary: Path, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Start ``binary`` in a session of its own (so :func:`terminate` stops all of it), its
+    output appended to ``log_path``."""
+    with open(log_path, "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [str(binary), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+
+
+def terminate(p: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the process's session, SIGKILL after ``grace_s``; waits until it is gone."""
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on 127.0.0.1.
 
@@ -216,6 +246,7 @@ class ControlPlane:
         self.kubeconfig = ""
         self.version = ""
         self._ssl: ssl.SSLContext | None = None
+        self.ca: pki.Authority | None = None
 
     # -- life ---------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> ControlPlane:
@@ -231,7 +262,7 @@ class ControlPlane:
     def _start(self, where: Path, until: float) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         pk = self.root / "pki"
-        ca = pki.Authority(pk)
+        ca = self.ca = pki.Authority(pk)
         serving = ca.issue(
             "apiserver",
             "kube-apiserver",
@@ -364,16 +395,7 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop every process started, the last started first; SIGKILL after 10 s."""
         for name in reversed(list(self.procs)):
-            p = self.procs.pop(name)
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            terminate(self.procs.pop(name))
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 
@@ -385,15 +407,16 @@ class ControlPlane:
 
     # -- helpers -------------------------------------------------------------------------------
     def _run(self, name: str, where: Path, *args: str) -> None:
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
-        self.procs[name] = subprocess.Popen(
-            [str(where / name), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+        self.procs[name] = spawn(where / name, args, self.root / f"{name}.log")
+
+    def issue_kubeconfig(self, stem: str, cn: str, org: str | None = None) -> Path:
+        """A kubeconfig for a client certificate of user ``cn`` (group ``org``) of this plane."""
+        if self.ca is None:
+            raise ControlPlaneError("the control plane is not started")
+        pair = self.ca.issue(stem, cn, org)
+        return write_kubeconfig(
+            self.root / f"{stem}.kubeconfig", self.server, self.ca.cert, pair=pair
         )
-        log.close()
 
     def _wait(self, until: float, what: str, ready: Any) -> None:
         last: object = None

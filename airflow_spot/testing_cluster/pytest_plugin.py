@@ -4,7 +4,12 @@
 * ``kube_control_plane`` (session): the :class:`~.plane.ControlPlane` and its
   :class:`~.kubelet.Kubelet`, started once (the binaries built first if missing);
 * ``kube_cluster`` (function): the same, with a namespace of the test's own, a kubelet reset
-  to its defaults, and at the end the test's pods and the nodes it made deleted.
+  to its defaults, and at the end the test's pods and the nodes it made deleted;
+* ``karpenter`` (session, started only for the tests that ask for it): Karpenter's kwok
+  provider against that plane (:class:`~.karpenter.Karpenter`), stopped at the end;
+* ``karpenter_cluster`` (function): ``kube_cluster`` whose namespace Karpenter serves (our
+  kubelet makes no node for its pods, and runs their pods on Karpenter's nodes); at the end the
+  test's pods are deleted, then Karpenter's NodeClaims, and their nodes are waited for.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_spot.testing_cluster.karpenter import Karpenter
 from airflow_spot.testing_cluster.kubelet import Kubelet
 from airflow_spot.testing_cluster.plane import ControlPlane, free_port
 
@@ -31,6 +37,7 @@ class Cluster:
     plane: ControlPlane
     kubelet: Kubelet
     namespace: str = "default"
+    karpenter: Karpenter | None = None
 
     @property
     def kubeconfig(self) -> str:
@@ -112,3 +119,28 @@ def kube_cluster(kube_control_plane: Cluster) -> Iterator[Cluster]:
         k.autoscale = True
         with contextlib.suppress(client.ApiException):
             c.api.delete_namespace(ns)
+
+
+@pytest.fixture(scope="session")
+def karpenter(kube_control_plane: Cluster) -> Iterator[Karpenter]:
+    k = Karpenter(kube_control_plane.plane).start()
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+@pytest.fixture
+def karpenter_cluster(kube_cluster: Cluster, karpenter: Karpenter) -> Iterator[Cluster]:
+    from kubernetes import client
+
+    c = kube_cluster
+    c.kubelet.leave_to_karpenter.add(c.namespace)
+    try:
+        yield Cluster(c.plane, c.kubelet, c.namespace, karpenter)
+    finally:
+        for p in c.api.list_namespaced_pod(c.namespace).items:  # first: no pod waits for a node
+            with contextlib.suppress(client.ApiException):
+                c.api.delete_namespaced_pod(p.metadata.name, c.namespace, grace_period_seconds=0)
+        karpenter.clear()
+        c.kubelet.leave_to_karpenter.discard(c.namespace)

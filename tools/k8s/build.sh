@@ -3,11 +3,15 @@
 # Binaries go to ${AIRFLOW_SPOT_K8S_CACHE:-~/.cache/airflow-spot/k8s}/<version>/bin; a binary that is
 # already there is not rebuilt, so a warm run does nothing. Go's module and build caches stay in their
 # default places outside the repository, so a rebuild after a go.mod change mostly relinks.
+# Karpenter's operator binds its metrics and health servers to ":<port>" (every interface) with no
+# flag to change it, and the tests bind 127.0.0.1 only: karpenter-kwok is built from a copy of the
+# module, patched to "127.0.0.1:<port>", through a replace in a build module under the cache.
 # Usage: tools/k8s/build.sh [name ...]   (default: etcd kube-apiserver kube-controller-manager kube-scheduler kwok karpenter-kwok)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 KV=v1.34.4
-bin="${AIRFLOW_SPOT_K8S_CACHE:-$HOME/.cache/airflow-spot/k8s}/$KV/bin"
+cache="${AIRFLOW_SPOT_K8S_CACHE:-$HOME/.cache/airflow-spot/k8s}/$KV"
+bin="$cache/bin"
 mkdir -p "$bin"
 export GOWORK=off GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 P="${GO_BUILD_P:-$(nproc)}"
@@ -25,6 +29,48 @@ build() {  # name moduledir package ldflags
   echo "k8s-build: $name built in $((SECONDS - t0)) s"
 }
 
+# karpenter-kwok, its operator's servers on 127.0.0.1. The stamp beside the binary says it was
+# built patched (a binary without it, from an earlier version of this script, is rebuilt).
+KARPENTER=sigs.k8s.io/karpenter
+OPERATOR_GO=pkg/operator/operator.go
+build_karpenter() {
+  local name=karpenter-kwok stamp="$bin/karpenter-kwok.loopback"
+  if [ -x "$bin/$name" ] && [ -f "$stamp" ]; then
+    echo "k8s-build: $name already built ($bin/$name, servers on 127.0.0.1)"; return 0
+  fi
+  [ -x "$bin/$name" ] && echo "k8s-build: $bin/$name has no $stamp (built unpatched): rebuilding"
+  local t0=$SECONDS src mod ver
+  (cd "$here/karpenter" && go mod download "$KARPENTER")  # a fresh module cache has no copy yet
+  read -r ver src < <(cd "$here/karpenter" && go list -m -f '{{.Version}} {{.Dir}}' "$KARPENTER")
+  [ -n "$src" ] && [ -f "$src/$OPERATOR_GO" ] || {
+    echo "k8s-build: $KARPENTER not in the module cache ($src)" >&2; exit 1; }
+  mod="$cache/src/karpenter@$ver-loopback"
+  echo "k8s-build: building $name from a copy of $KARPENTER@$ver patched to bind 127.0.0.1 ($mod) ..."
+  rm -rf "$mod" "$cache/src/karpenter-build"
+  mkdir -p "$cache/src/karpenter-build"
+  cp -R "$src" "$mod"
+  chmod -R u+w "$mod"
+  local before after
+  before=$(grep -c 'fmt.Sprintf(":%d", options.FromContext(ctx).\(MetricsPort\|HealthProbePort\))' "$mod/$OPERATOR_GO" || true)
+  if [ "$before" != 2 ]; then
+    echo "k8s-build: expected the metrics and health bind addresses 'fmt.Sprintf(\":%d\", ...Port)' twice in" \
+      "$KARPENTER@$ver/$OPERATOR_GO, found $before: the patch no longer applies; see its lines near 'BindAddress'" >&2
+    exit 1
+  fi
+  sed -i 's/fmt.Sprintf(":%d", options.FromContext(ctx).\(MetricsPort\|HealthProbePort\))/fmt.Sprintf("127.0.0.1:%d", options.FromContext(ctx).\1)/' \
+    "$mod/$OPERATOR_GO"
+  after=$(grep -c 'fmt.Sprintf("127.0.0.1:%d", options.FromContext(ctx).\(MetricsPort\|HealthProbePort\))' "$mod/$OPERATOR_GO" || true)
+  if [ "$after" != 2 ] || grep -q 'fmt.Sprintf(":%d"' "$mod/$OPERATOR_GO"; then
+    echo "k8s-build: patching $mod/$OPERATOR_GO failed (found $after patched lines)" >&2; exit 1
+  fi
+  cp "$here/karpenter/go.mod" "$here/karpenter/go.sum" "$cache/src/karpenter-build/"
+  (cd "$cache/src/karpenter-build" && go mod edit -replace "$KARPENTER=$mod" &&
+    go build -p "$P" -trimpath -ldflags "-s -w" -o "$bin/$name.tmp" "$KARPENTER/kwok")
+  mv "$bin/$name.tmp" "$bin/$name"
+  echo "$KARPENTER@$ver $OPERATOR_GO: metrics and health servers on 127.0.0.1" > "$stamp"
+  echo "k8s-build: $name built in $((SECONDS - t0)) s"
+}
+
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok karpenter-kwok)
 t=$SECONDS
@@ -34,7 +80,7 @@ for n in "${names[@]}"; do
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl)
       build "$n" kubernetes "k8s.io/kubernetes/cmd/$n" "$LDK" ;;
     kwok) build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w" ;;
-    karpenter-kwok) build karpenter-kwok karpenter sigs.k8s.io/karpenter/kwok "-s -w" ;;
+    karpenter-kwok) build_karpenter ;;
     *) echo "k8s-build: unknown binary $n" >&2; exit 2 ;;
   esac
 done

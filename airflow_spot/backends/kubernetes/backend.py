@@ -876,9 +876,28 @@ class KubernetesBackend:
             notice,
             NOTICE_ANNOTATION,
         )
-        self.api.patch_namespaced_pod(
-            pod_name, self.namespace, {"metadata": {"annotations": {NOTICE_ANNOTATION: notice}}}
-        )
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.patch_namespaced_pod(
+                pod_name,
+                self.namespace,
+                {"metadata": {"annotations": {NOTICE_ANNOTATION: notice}}},
+            )
+        except ApiException as e:
+            if e.status == 404:  # evicted or deleted since the look: its verdict comes next
+                log.warning("Pod %s is gone before the notice reached it.", pod_name)
+                return
+            raise BackendError(
+                f"relaying the interruption notice to pod {pod_name}: {e.status} {e.reason}"
+                + (
+                    " (the worker's service account needs patch on pods in its namespace; see"
+                    " docker/rbac.yaml)"
+                    if e.status == 403
+                    else ""
+                )
+                + api_message(e)
+            ) from e
 
     def _delete(self, name: str, grace: int) -> None:
         from kubernetes.client.exceptions import ApiException

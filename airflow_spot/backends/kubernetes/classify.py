@@ -11,7 +11,11 @@ The signals and their sources are in ``../shared/research/anchors.md`` section 2
   ``NodeShutdown``) and its messages [K7, F4];
 * a pod that vanished (404) or whose node vanished, after running on a spot node [F5, S4];
 * Karpenter events ``SpotInterrupted``, ``TerminatingOnInterruption``, ... and taint
-  ``karpenter.sh/disrupted`` [KP1, KP2]; AWS Node Termination Handler taint
+  ``karpenter.sh/disrupted`` [KP1, KP2]; Karpenter's own word on a drain (seen from the real
+  Karpenter v1.14.1 in ``tests/backends/kubernetes/real/test_real_karpenter.py``): its
+  consolidation says ``DisruptionTerminating`` "Disrupting Node: Underutilized" on the node and
+  ``Evicted`` "Evicted pod: Underutilized" on the pod, a NodeClaim deleted from outside its
+  disruption controller (an interruption) "Evicted pod: Forceful Termination"; AWS Node Termination Handler taint
   ``aws-node-termination-handler/spot-itn`` and events ``SpotInterruption`` ... [N1];
   GKE labels ``cloud.google.com/gke-spot`` / ``gke-preemptible`` and taint
   ``cloud.google.com/impending-node-termination`` [G1, I12]; AKS label/taint
@@ -116,6 +120,20 @@ SCHEDULER_EVENT_REASONS = {
     "NotTriggerScaleUp",
     "TriggeredScaleUp",
 }
+# Karpenter's own words (sigs.k8s.io/karpenter v1.14 pkg/controllers/disruption/events and
+# node/termination/terminator/events). Its disruption controller (consolidation, drift) says on
+# the Node and the NodeClaim, before it deletes the NodeClaim, "Disrupting Node: <reason>"; its
+# termination controller then evicts and says on the pod "Evicted pod: <reason>", the reason
+# being the NodeClaim's DisruptionReason, or "Forceful Termination" when the NodeClaim was
+# deleted from outside the disruption controller: the interruption controller after a spot
+# interruption (that is how Karpenter takes a reclaimed instance away), an expiry, a repair, a
+# person. Karpenter's own disruption is never a reclaim.
+KARPENTER_DISRUPTING = "DisruptionTerminating"
+KARPENTER_DISRUPTING_PREFIXES = ("Disrupting Node: ", "Disrupting NodeClaim: ")
+KARPENTER_EVICTED = "Evicted"
+KARPENTER_EVICTED_PREFIX = "Evicted pod: "
+KARPENTER_FORCEFUL = "Forceful Termination"
+KARPENTER_NODEPOOL = "karpenter.sh/nodepool"  # on every node Karpenter made
 DRAIN_TAINTS = {
     "karpenter.sh/disrupted",
     "node.kubernetes.io/out-of-service",
@@ -135,6 +153,55 @@ def _scheduled_preempt(e: Mapping[str, Any]) -> bool:
         and (_g(inv, "kind") or "Node") != "Pod"
         and (_g(e, "reason") or "") not in SCHEDULER_EVENT_REASONS
     )
+
+
+def _karpenters(e: Mapping[str, Any]) -> bool:
+    """The event is Karpenter's (or says nothing of who wrote it)."""
+    source = _g(_g(e, "source") or {}, "component") or _g(
+        e, "reporting_component", "reportingComponent", "reporting_controller"
+    )
+    return source in (None, "", "karpenter")
+
+
+def karpenter_disruption(events: Iterable[Mapping[str, Any]]) -> str | None:
+    """The reason Karpenter's disruption controller gave for draining the node (``Underutilized``,
+    ``Empty``, ``Drifted``), from its ``DisruptionTerminating`` or ``Evicted`` event; None if
+    it gave none (no decision of its own, or not Karpenter)."""
+    for e in events:
+        reason, msg = _g(e, "reason"), str(_g(e, "message") or "")
+        if not _karpenters(e):
+            continue
+        if reason == KARPENTER_DISRUPTING and msg.startswith(KARPENTER_DISRUPTING_PREFIXES):
+            return msg.split(": ", 1)[1].strip() or "disruption"
+        if (
+            reason == KARPENTER_EVICTED
+            and msg.startswith(KARPENTER_EVICTED_PREFIX)
+            and msg[len(KARPENTER_EVICTED_PREFIX) :].strip() not in ("", KARPENTER_FORCEFUL)
+        ):
+            return msg[len(KARPENTER_EVICTED_PREFIX) :].strip()
+    return None
+
+
+def karpenter_forceful(node: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> str | None:
+    """Evidence that Karpenter is taking its node away with no disruption decision of its own:
+    its ``Evicted`` "Forceful Termination" event on the pod, or (before that event is written)
+    a node of Karpenter's being deleted and tainted ``karpenter.sh/disrupted``."""
+    for e in events:
+        if (
+            _g(e, "reason") == KARPENTER_EVICTED
+            and str(_g(e, "message") or "").strip() == KARPENTER_EVICTED_PREFIX + KARPENTER_FORCEFUL
+            and _karpenters(e)
+        ):
+            return f"event {KARPENTER_EVICTED}: {KARPENTER_FORCEFUL}"
+    meta = _g(node, "metadata") or {}
+    taints = {_g(t, "key") for t in _g(_g(node, "spec") or {}, "taints") or []}
+    if (
+        KARPENTER_NODEPOOL in (_g(meta, "labels") or {})
+        and _g(meta, "deletion_timestamp", "deletionTimestamp")
+        and "karpenter.sh/disrupted" in taints
+    ):
+        return "Karpenter's node deleted without a disruption decision"
+    return None
 
 
 def _d(obj: Any) -> dict[str, Any]:
@@ -289,6 +356,11 @@ class Facts:
         return cls(p, n, tuple(_d(e) for e in events), node_absent=node is None, **records)
 
     @cached_property
+    def karpenter_disruption(self) -> str | None:
+        """Karpenter's own disruption reason for the drain (see :func:`karpenter_disruption`)."""
+        return karpenter_disruption(self.events)
+
+    @cached_property
     def status(self) -> Mapping[str, Any]:
         return _g(self.pod, "status") or {}
 
@@ -367,9 +439,18 @@ Rule = Callable[[Facts], Classification | None]
 
 
 def _reclaimed(f: Facts, why: str, *evidence: str) -> Classification:
-    """Preempted on spot capacity or with the cloud's word; else an infrastructure disruption."""
+    """Preempted with the cloud's word, or on spot capacity unless Karpenter says it disrupted
+    the node itself (consolidation, drift); else an infrastructure disruption."""
     ev = tuple(evidence) + f.cloud
-    if f.spot or f.cloud:
+    if f.cloud:
+        return Classification(Verdict.PREEMPTED, why, ev)
+    if f.karpenter_disruption:
+        return _infra(
+            f"{why}: Karpenter's own disruption ({f.karpenter_disruption}), not a reclaim",
+            *ev,
+            f"karpenter disruption {f.karpenter_disruption}",
+        )
+    if f.spot:
         return Classification(Verdict.PREEMPTED, why, ev)
     return Classification(Verdict.INFRA_DISRUPTION, f"{why} (not on spot capacity)", ev)
 
@@ -431,14 +512,32 @@ def node_lost_condition(f: Facts) -> Classification | None:
     return _reclaimed(f, why, f"DisruptionTarget/{reason}")
 
 
+# A drain is a reclaim on the cloud's word, or when Karpenter takes its spot node away with no
+# disruption decision of its own (its NodeClaim was deleted: how it ends an interrupted
+# instance); Karpenter's consolidation or drift never is.
 def drain_eviction(f: Facts) -> Classification | None:
-    """``DisruptionTarget/EvictionByEvictionAPI``: a drain; a spot one if the cloud says so."""
+    """``DisruptionTarget/EvictionByEvictionAPI``: a drain (a reclaim or not: see above)."""
     if f.disruption is None or f.disruption[0] != "EvictionByEvictionAPI":
         return None
     evidence = f"DisruptionTarget/{f.disruption[0]}"
     if f.cloud:
         return Classification(
             Verdict.PREEMPTED, "drained for a spot interruption", (evidence, *f.cloud)
+        )
+    if f.karpenter_disruption:
+        return _infra(
+            f"drained by Karpenter's own disruption ({f.karpenter_disruption}), not a reclaim",
+            evidence,
+            f"karpenter disruption {f.karpenter_disruption}",
+        )
+    forceful = karpenter_forceful(f.node, f.events)
+    if forceful:
+        return _reclaimed(
+            f,
+            "Karpenter took the node away without a disruption decision of its own (its "
+            "NodeClaim was deleted: a spot interruption, an expiry or by hand)",
+            evidence,
+            forceful,
         )
     return _infra("evicted by a drain without cloud evidence", evidence)
 

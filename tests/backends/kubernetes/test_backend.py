@@ -669,3 +669,30 @@ def test_a_refused_create_says_what_the_server_said() -> None:
     assert 'serviceaccount "x" not found' in api_message(SimpleNamespace(body=body))
     assert api_message(SimpleNamespace(body="not json")) == ""
     assert api_message(SimpleNamespace(body=None)) == ""
+
+
+def test_a_notice_for_a_pod_already_gone_is_dropped_not_raised(kube) -> None:
+    """The notice is relayed after a look; the pod can be evicted in between (seen on the
+    real control plane with a drain): the 404 is no error, the next look gives the verdict.
+    Any other refusal names the pod and the permission."""
+    from kubernetes.client.exceptions import ApiException
+
+    from airflow_spot.backends.kubernetes.backend import BackendError
+
+    _, cfg = kube
+    b = KubernetesBackend(image="x", config_file=cfg, namespace="default")
+    calls: list[int] = []
+
+    def refuse(status: int):
+        def patch(*args, **kwargs):
+            calls.append(status)
+            raise ApiException(status=status, reason="Not Found" if status == 404 else "Forbidden")
+
+        return patch
+
+    b.api.patch_namespaced_pod = refuse(404)  # type: ignore[method-assign]
+    b._relay_notice("gone", "spot-itn")
+    b.api.patch_namespaced_pod = refuse(403)  # type: ignore[method-assign]
+    with pytest.raises(BackendError, match=r"notice to pod gone: 403.*patch on pods.*rbac.yaml"):
+        b._relay_notice("gone", "spot-itn")
+    assert calls == [404, 403]

@@ -804,3 +804,191 @@ def test_a_pod_that_stopped_itself_past_its_lease_is_not_an_application_failure(
     c = classify(p, n, [])
     assert c.verdict is verdict, c
     assert ("lease expired" in c.reason) is (verdict is Verdict.INFRA_DISRUPTION)
+
+
+# Karpenter v1.14.1's own shapes, as the real one wrote them (tests/backends/kubernetes/real/
+# test_real_karpenter.py): its node being taken away (deletionTimestamp and the disrupted taint),
+# the pod drained through the Eviction API, and its events.
+K_NODE = "kwok-airflow-spot-f7mkz-fishfringe-2-swzzmjwyys-64294605"
+
+
+def karpenter_node(capacity: str = "spot", deleting: bool = True) -> dict:
+    meta: dict = {
+        "name": K_NODE,
+        "labels": {"karpenter.sh/capacity-type": capacity, "karpenter.sh/nodepool": "pool"},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-02T14:22:51Z"
+    taints = [{"key": "airflow-spot/karpenter", "value": "true", "effect": "NoSchedule"}]
+    if deleting:
+        taints.append({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})
+    return {"metadata": meta, "spec": {"taints": taints}, "status": {}}
+
+
+def k_event(kind: str, reason: str, message: str, component: str = "karpenter") -> dict:
+    name = {"Node": K_NODE, "NodeClaim": "airflow-spot-f7mkz", "Pod": "p"}[kind]
+    return {
+        "reason": reason,
+        "message": message,
+        "type": "Normal",
+        "involvedObject": {"kind": kind, "name": name},
+        "source": {"component": component},
+    }
+
+
+DRAINED = {
+    "metadata": {"name": "p"},
+    "status": {
+        "phase": "Running",
+        "conditions": [
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+            }
+        ],
+    },
+}
+CONSOLIDATING = [
+    k_event("NodeClaim", "DisruptionTerminating", "Disrupting NodeClaim: Underutilized"),
+    k_event("Node", "DisruptionTerminating", "Disrupting Node: Underutilized"),
+]
+FAILED_DRAINING = k_event(
+    "Node", "FailedDraining", "Failed to drain node, 1 pods are waiting to be evicted"
+)
+KARPENTER_CASES = [
+    # (id, pod, node, events, kwargs, verdict, reason says)
+    (
+        "consolidation-drain",
+        DRAINED,
+        karpenter_node(),
+        [*CONSOLIDATING, FAILED_DRAINING],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "Underutilized",
+    ),
+    (
+        "consolidation-drain-evicted-event-only",
+        DRAINED,
+        karpenter_node(),
+        [k_event("Pod", "Evicted", "Evicted pod: Underutilized")],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "Underutilized",
+    ),
+    (
+        "empty-node-drift-drain",
+        DRAINED,
+        karpenter_node(),
+        [k_event("Node", "DisruptionTerminating", "Disrupting Node: Drifted")],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "Drifted",
+    ),
+    (
+        "nodeclaim-deleted-drain-before-its-evicted-event",
+        DRAINED,
+        karpenter_node(),
+        [FAILED_DRAINING],
+        {},
+        Verdict.PREEMPTED,
+        "NodeClaim was deleted",
+    ),
+    (
+        "nodeclaim-deleted-drain-with-forceful-evicted-event",
+        DRAINED,
+        karpenter_node(),
+        [FAILED_DRAINING, k_event("Pod", "Evicted", "Evicted pod: Forceful Termination")],
+        {},
+        Verdict.PREEMPTED,
+        "NodeClaim was deleted",
+    ),
+    (
+        "nodeclaim-deleted-drain-on-demand",
+        DRAINED,
+        karpenter_node("on-demand"),
+        [k_event("Pod", "Evicted", "Evicted pod: Forceful Termination")],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "not on spot capacity",
+    ),
+    (
+        "a-drain-of-a-karpenter-node-not-being-deleted-is-no-reclaim",
+        DRAINED,
+        karpenter_node(deleting=False),
+        [],
+        {},
+        Verdict.INFRA_DISRUPTION,
+        "without cloud evidence",
+    ),
+    (
+        "spot-interrupted-during-consolidation-is-the-cloud-s",
+        DRAINED,
+        karpenter_node(),
+        [
+            *CONSOLIDATING,
+            k_event("Node", "SpotInterrupted", "Spot interruption warning was triggered"),
+        ],
+        {},
+        Verdict.PREEMPTED,
+        "spot interruption",
+    ),
+    (
+        "pod-gone-after-consolidation",
+        None,
+        karpenter_node(),
+        [*CONSOLIDATING, k_event("Pod", "Evicted", "Evicted pod: Underutilized")],
+        {"was_running": True, "was_spot": True},
+        Verdict.INFRA_DISRUPTION,
+        "Underutilized",
+    ),
+    (
+        "pod-and-node-gone-after-nodeclaim-deleted",
+        None,
+        None,
+        [FAILED_DRAINING, k_event("Pod", "Evicted", "Evicted pod: Forceful Termination")],
+        {"was_running": True, "was_spot": True},
+        Verdict.PREEMPTED,
+        "vanished",
+    ),
+    (
+        "exit-143-after-the-notice-of-a-consolidation",
+        {
+            "metadata": {"name": "p"},
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {"name": "train", "state": {"terminated": {"exitCode": 143}}}
+                ],
+            },
+        },
+        karpenter_node(),
+        CONSOLIDATING,
+        {"notice": "node taint karpenter.sh/disrupted"},
+        Verdict.INFRA_DISRUPTION,
+        "Underutilized",
+    ),
+    (
+        "an-evicted-pod-message-from-another-component-is-not-karpenter-s",
+        DRAINED,
+        karpenter_node(),
+        [k_event("Pod", "Evicted", "Evicted pod: Underutilized", component="kubelet")],
+        {},
+        Verdict.PREEMPTED,
+        "NodeClaim was deleted",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "p", "n", "events", "kwargs", "verdict", "says"),
+    KARPENTER_CASES,
+    ids=[c[0] for c in KARPENTER_CASES],
+)
+def test_karpenter_s_own_words(case, p, n, events, kwargs, verdict, says) -> None:
+    """Karpenter's consolidation or drift drain is no reclaim; its NodeClaim deleted from outside
+    (how it ends an interrupted instance) on spot is, read from the node before its events."""
+    got = classify(p, n, events, **kwargs)
+    assert got.verdict is verdict, f"{case}: {got}"
+    assert says in got.reason, f"{case}: {got}"
