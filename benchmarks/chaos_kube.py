@@ -67,6 +67,15 @@ STEP_S = 0.1
 STOP_S = 7.0  # notice, the kubelet's grace cap and a poll: how long a pod needs to stop
 PRICES = {"spot": 0.9731, "on_demand": 3.06}
 RBAC = ROOT / "docker" / "rbac.yaml"
+# a killed task runner is noticed by its missing heartbeats; 300 s by default (see chaos.py)
+HEARTBEAT_ENV = {
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "1",
+    # a try queued by a scheduler that was SIGKILLed is checked by no one until the next
+    # scheduler adopts it: it looks every 300 s by default, for schedulers silent for 30 s
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+}
 
 DAG = """
 from datetime import datetime, timedelta, timezone
@@ -100,6 +109,7 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
         poll_interval=0.5,
         min_deferral=timedelta(seconds=10.5),
         lease=timedelta(seconds=45),
+        orchestration_margin=timedelta(seconds=30),
         retries=3,
         retry_delay=timedelta(seconds=2),
     )
@@ -352,6 +362,7 @@ def run_kube_chaos(
         chaos.start()
         dep = deploy.AirflowDeployment(root / "deploy", pg.url(), {"chaos_k8s.py": chaos.dag()})
         dep.env.update(chaos.env())
+        dep.env.update(HEARTBEAT_ENV)
         dep.migrate()
         dep.start()
         dep.wait_for_dag(DAG_ID)
