@@ -253,13 +253,18 @@ class FaultProxy:
             conn.settimeout(self.timeout)
             client: Any = conn
             if self.server_ssl is not None:
+                # the wrapped socket takes over the file descriptor (``conn`` is detached):
+                # it is the one to track, cut and close
                 client = self.server_ssl.wrap_socket(conn, server_side=True)
+                self._untrack(conn)
+                self._track(client)
+                socks.append(client)
             head, rest = _read_head(client, b"")
             if head is None:
                 return
             req = _parse_request(head, peer)
             if not self._pass_hold(req):
-                _reset(conn)
+                _reset(client)
                 return
             mode = self._draw()
             if mode in (Mode.HTTP_500, Mode.THROTTLE):
@@ -275,11 +280,11 @@ class FaultProxy:
             if mode is Mode.DROP_REQUEST:
                 _drop_request(client, up, head, req.headers, rest)
                 _reset(up)
-                _reset(conn)
+                _reset(client)
                 return
             up.sendall(head)
             _read_body(client, req.headers, rest, up.sendall)
-            self._relay_answer(up, client, conn, req.method, mode is Mode.DROP_RESPONSE)
+            self._relay_answer(up, client, client, req.method, mode is Mode.DROP_RESPONSE)
         except (OSError, ValueError):
             return  # a side went away, or sent something that is not HTTP/1.1
         finally:
@@ -354,11 +359,14 @@ class FaultProxy:
         if self.upstream_ssl is None:
             return up
         try:
-            return self.upstream_ssl.wrap_socket(up, server_hostname=self.upstream[0])
+            wrapped = self.upstream_ssl.wrap_socket(up, server_hostname=self.upstream[0])
         except BaseException:
             self._untrack(up)
             up.close()
             raise
+        self._untrack(up)  # detached: the wrapped socket holds the connection now
+        self._track(wrapped)
+        return wrapped
 
     def _track(self, s: socket.socket) -> None:
         with self._lock:

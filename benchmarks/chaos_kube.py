@@ -153,6 +153,7 @@ class KubeChaos:
         self.plane: Any = None
         self.kubelet: Any = None
         self.proxy: FaultProxy | None = None
+        self.cut = 0  # connections cut in flight by kube_drop windows (this run)
         self._market: threading.Thread | None = None
         self._market_stop = threading.Event()
         self.alive: dict[str, float] = {}  # pod key -> last wall time its container ran
@@ -278,21 +279,18 @@ class KubeChaos:
                     self.lease[key] = float(until)
 
     def inject(self, kind: str) -> bool:
-        """A fault window of ``kind``, a few seconds long, in the background."""
+        """A fault window of ``kind``, 2 to 6 s long (the caller waits it out); whether it hit
+        anything: a request that met it, or (``kube_drop``) a connection cut in flight."""
         assert self.proxy is not None
         proxy = self.proxy
         mode = {"kube_500": Mode.HTTP_500, "kube_drop": Mode.DROP_RESPONSE}[kind]
-        hold = self.rng.uniform(2.0, 6.0)
-
-        def window() -> None:
-            proxy.set(mode)
-            if mode is Mode.DROP_RESPONSE:
-                proxy.cut_open()  # and the connections in flight (a watch, a long read)
-            time.sleep(hold)
-            proxy.set(Mode.PASS)
-
-        threading.Thread(target=window, daemon=True).start()
-        return True
+        before = proxy.hits[mode]
+        proxy.set(mode)
+        cut = proxy.cut_open() if mode is Mode.DROP_RESPONSE else 0  # a watch, a long read
+        time.sleep(self.rng.uniform(2.0, 6.0))
+        proxy.set(Mode.PASS)
+        self.cut += cut
+        return proxy.hits[mode] > before or cut > 0
 
     def judge(self, dep: Any, run_id: str, ref: str, model_hash: Any) -> Counter:
         from airflow_spot.backends.kubernetes.pods import label_value
@@ -370,6 +368,7 @@ def run_kube_chaos(
             chaos.begin()
             assert chaos.proxy is not None
             chaos.proxy.hits.clear()
+            chaos.cut = 0
             run_id = dep.trigger(DAG_ID)
             start = time.time()
             plan = sorted(rng.uniform(5, chaos.deadline_s * 0.6) for _ in range(faults_per_run))
@@ -393,7 +392,8 @@ def run_kube_chaos(
                 f"kubernetes run {n + 1}: {state} in {time.time() - start:.0f} s, "
                 f"{got['attempts']} attempts, {got['preemptions']} preemptions, requests "
                 f"answered 500: {chaos.proxy.hits[Mode.HTTP_500]}, dropped: "
-                f"{chaos.proxy.hits[Mode.DROP_RESPONSE]} (of {sum(chaos.proxy.hits.values())}); "
+                f"{chaos.proxy.hits[Mode.DROP_RESPONSE]} (of {sum(chaos.proxy.hits.values())}), cut in "
+                f"flight: {chaos.cut}; "
                 f"{shown or 'clean'}",
                 flush=True,
             )
