@@ -138,8 +138,7 @@ class SpotTrainingOperator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if "retry_policy" not in kwargs:
-            kwargs["retry_policy"] = default_retry_policy()
+        kwargs.setdefault("retry_policy", default_retry_policy())
         if "retries" not in kwargs and "retries" not in (kwargs.get("default_args") or {}):
             kwargs["retries"] = DEFAULT_RETRIES  # spent on the orchestration's errors only
         super().__init__(**kwargs)
