@@ -142,7 +142,6 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
         poll_interval=0.5,
         min_deferral=timedelta(seconds=10.5),
         lease=timedelta(seconds=45),
-        orchestration_margin=timedelta(seconds=30),
         retries=3,
         retry_delay=timedelta(seconds=2),
     )
@@ -480,9 +479,8 @@ def one_run(
 
 
 def deadline_of(steps: int) -> float:
-    # slack: the work again (checkpoints to S3 cost a quarter more), 30 s of it kept back for
-    # Airflow's own outages (orchestration_margin: a killed scheduler's try is adopted in
-    # 15-20 s, three faults may come at once), 12 s decisions
+    # slack: the work again (checkpoints to S3 cost a quarter more), Airflow's own outages (a
+    # killed scheduler's try is adopted in 15-20 s, three faults may come at once), 12 s looks
     return steps * STEP_S * 2 + 60
 
 

@@ -109,7 +109,6 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
         poll_interval=0.5,
         min_deferral=timedelta(seconds=10.5),
         lease=timedelta(seconds=45),
-        orchestration_margin=timedelta(seconds=30),
         retries=3,
         retry_delay=timedelta(seconds=2),
     )

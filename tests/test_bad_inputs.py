@@ -224,7 +224,6 @@ CASES = [
     Case("a negative decision interval", "decision_interval=timedelta(minutes=-1)", "decision_interval", "at least 0.1 s", _parse(decision_interval=timedelta(minutes=-1))),
     Case("a zero poll interval", "poll_interval=0", "poll_interval", "seconds >= 0.01", _parse(poll_interval=0)),
     Case("a negative min_deferral", "min_deferral=timedelta(seconds=-30)", "min_deferral", "timedelta >= 0", _parse(min_deferral=timedelta(seconds=-30))),
-    Case("a negative orchestration_margin", "orchestration_margin=timedelta(minutes=-5)", "orchestration_margin", "timedelta >= 0", _parse(orchestration_margin=timedelta(minutes=-5))),
     Case("a negative changeover", "changeover=timedelta(minutes=-5)", "changeover", "timedelta >= 0", _parse(changeover=timedelta(minutes=-5))),
     Case("a free on-demand price", "on_demand_price=0", "on_demand_price", "price per hour > 0", _parse(on_demand_price=0)),
     Case("a negative preemption budget", "max_preemptions=-1", "max_preemptions", "integer >= 0", _parse(max_preemptions=-1)),

@@ -36,7 +36,6 @@ ARGUMENTS = (
     "poll_interval",
     "min_deferral",
     "lease",
-    "orchestration_margin",
     "aws_conn_id",
 )
 REQUIRED = {
@@ -171,14 +170,6 @@ def _check_timing(v: dict[str, Any]) -> None:
                 f"must be a timedelta of at least {max(1.0, 3 * poll):g} s (3 poll_intervals: "
                 "how long an attempt trains on with nobody renewing its lease before it "
                 f"checkpoints and stops by itself), or None for the default; got {lease!r}",
-            )
-    if "orchestration_margin" in v:
-        om = v["orchestration_margin"]
-        if not isinstance(om, timedelta) or om < timedelta(0):
-            raise ConfigError(
-                "orchestration_margin",
-                "must be a timedelta >= 0 (wall time kept back from the deadline for Airflow "
-                f"itself being down: a scheduler restart, a lost worker), got {om!r}",
             )
     conn = v.get("aws_conn_id")
     if conn is not None and (not isinstance(conn, str) or not conn.strip()):

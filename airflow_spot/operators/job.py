@@ -60,7 +60,6 @@ class JobArgs:
     decision_interval: timedelta
     poll_interval: float
     lease_s: float | None = None  # each attempt's lease (None: attempts hold none)
-    orchestration_margin: timedelta = timedelta(0)  # wall time kept back from the deadline
 
     @staticmethod
     def argv(command: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:

@@ -98,11 +98,6 @@ class SpotTrainingOperator(BaseOperator):
     :param lease: how long an attempt trains on unwatched (a failed try, a dead triggerer):
         past it, with nobody renewing it, the attempt checkpoints and stops by itself; the
         next try resumes from there. Default: 3 ``decision_interval``, at least 5 minutes.
-    :param orchestration_margin: wall time kept back from the deadline for Airflow itself
-        being down while the job runs: a scheduler SIGKILLed while the try runs leaves it
-        unwatched until the next scheduler adopts it and its heartbeats time out (up to about
-        10 minutes at Airflow's defaults). The policy plans as if the deadline came that much
-        earlier. Default 0.
     :param aws_conn_id: the Airflow AWS connection the operator reads an ``s3://``
         ``checkpoint_uri`` with (``None``: boto3's own environment of the worker). The training
         process writes with its own credentials: the worker's environment for the local
@@ -134,11 +129,11 @@ class SpotTrainingOperator(BaseOperator):
         deferrable: bool = True,
         min_deferral: timedelta = timedelta(seconds=30),
         lease: timedelta | None = None,
-        orchestration_margin: timedelta = timedelta(0),
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("retry_policy", default_retry_policy())
+        if "retry_policy" not in kwargs:
+            kwargs["retry_policy"] = default_retry_policy()
         if "retries" not in kwargs and "retries" not in (kwargs.get("default_args") or {}):
             kwargs["retries"] = DEFAULT_RETRIES  # spent on the orchestration's errors only
         super().__init__(**kwargs)
@@ -170,7 +165,6 @@ class SpotTrainingOperator(BaseOperator):
         self.deferrable = deferrable
         self.min_deferral = min_deferral
         self.lease = lease
-        self.orchestration_margin = orchestration_margin
         self.aws_conn_id = aws_conn_id
         self._validate_static()
 
@@ -369,7 +363,6 @@ class SpotTrainingOperator(BaseOperator):
             decision_interval=self.decision_interval,
             poll_interval=self.poll_interval,
             lease_s=(self.lease or default_lease(self.decision_interval)).total_seconds(),
-            orchestration_margin=self.orchestration_margin,
         )
 
     def identity(self, context: Context) -> TaskIdentity:

@@ -376,10 +376,9 @@ class Turn:
     def _guard(self, steps_left: int, sps: float, work_s: float, changeover: float) -> float:
         """Market seconds the policy keeps back from the deadline for what the plan takes as
         certain but a live run is not: the latest attempt running slower than the mean rate,
-        GUARD_SHARE of the work left (throughput noise), two looks (a finish or a verdict
-        is seen up to a look late), and the ``orchestration_margin`` (Airflow itself down).
-        Never more than the whole job's slack (the policy then plans with none, and the
-        feasibility check uses the true deadline)."""
+        GUARD_SHARE of the work left (throughput noise), and two looks (a finish or a verdict
+        is seen up to a look late). Never more than the whole job's slack (the policy then
+        plans with none, and the feasibility check uses the true deadline)."""
         st = self.state
         latest = st.latest_seconds_per_step(MIN_STEPS_FOR_RATE) or sps
         left = max(0, steps_left)
@@ -387,7 +386,6 @@ class Turn:
             left * max(0.0, latest - sps)
             + GUARD_SHARE * left * sps
             + 2 * self.args.poll_interval * st.time_scale
-            + self.args.orchestration_margin.total_seconds() * st.time_scale
         )
         return min(guard, max(0.0, st.deadline_s - work_s - changeover))
 

@@ -342,23 +342,6 @@ def test_the_policy_keeps_a_guard_for_a_slower_latest_attempt_and_noise(tmp_path
     assert ctl._guard(100, 1.0, 400.0, 30.0) == pytest.approx(0.02 * 100 + 0.2)
 
 
-def test_the_orchestration_margin_is_kept_back_from_the_deadline(tmp_path: Path) -> None:
-    """``orchestration_margin`` (wall time, for Airflow itself down) moves the policy's deadline
-    earlier by that much market time, within the job's slack; a negative or non-timedelta
-    margin is refused at parse time, naming the field."""
-    from airflow_spot.exceptions import ConfigError
-    from airflow_spot.jobstate import JobState
-
-    op = _op(tmp_path, timedelta(hours=1), orchestration_margin=timedelta(seconds=90))
-    state = JobState(started_at=0.0, deadline_at=3600.0)
-    ctl = op.turn(state, make_context(FileTaskStateStore(tmp_path / "s.json")))
-    assert ctl._guard(100, 1.0, 400.0, 30.0) == pytest.approx(90 + 0.02 * 100 + 0.2)
-    assert ctl._guard(100, 1.0, 3550.0, 30.0) == pytest.approx(20.0)  # capped by the slack
-    for bad in (timedelta(seconds=-1), 90):
-        with pytest.raises(ConfigError, match="orchestration_margin.*timedelta >= 0"):
-            _op(tmp_path, timedelta(hours=1), orchestration_margin=bad)
-
-
 def test_short_waits_stay_in_the_worker_longer_ones_defer_with_a_hold(tmp_path: Path) -> None:
     """Waits under min_deferral (30 s by default) are spent in the worker, so a 5 s decision
     interval never defers; with a shorter min_deferral the task defers, and its trigger holds
