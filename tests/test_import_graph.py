@@ -64,6 +64,10 @@ PLACED: dict[str, tuple[str, str]] = {
     "testing_cluster.plane": ("shell", "starts etcd, apiserver, controllers, kwok (processes)"),
     "testing_cluster.pki": ("shell", "certificates for that control plane, cryptography only"),
     "testing_cluster.kubelet": ("shell", "runs bound pods as processes; the cloud's reclaims"),
+    "testing_cluster.looks": (
+        "shell",
+        "a test's looks at an attempt on that cluster, as the operator looks",
+    ),
     "testing_cluster.karpenter": ("shell", "runs Karpenter's kwok provider against that plane"),
     "testing_cluster.pytest_plugin": ("shell", "pytest fixtures over the control plane"),
     "examples": ("shell", "the examples package, empty"),

@@ -42,6 +42,7 @@ from airflow_spot.backends.kubernetes.backend import KubePool, KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.backends.kubernetes.probe import PRIORITY_CLASS, build_priority_class
 from airflow_spot.exceptions import BackendError, ConfigError
+from airflow_spot.testing_cluster.looks import wait_ended, wait_running
 from airflow_spot.testing_kube import autoscaler_status
 
 NS = "ml-training"  # docker/rbac.yaml's namespace (the sa_kubeconfig fixture, conftest.py)
@@ -82,26 +83,12 @@ def until(what: Callable[[], Any], timeout: float = 30.0, msg: object = "") -> A
 
 def running(b: KubernetesBackend, h, timeout: float = 60.0) -> str:
     """Look (status, then what is due) until the attempt runs; its node's name."""
-
-    def look():
-        st = b.status(h)
-        b.carry_out(h, st)
-        assert not st.terminal, st
-        return st.state is State.RUNNING
-
-    until(look, timeout, "the attempt never ran")
-    return b.api.read_namespaced_pod(h.pod, b.namespace).spec.node_name
+    return wait_running(b, h, timeout)
 
 
 def ended(b: KubernetesBackend, h, timeout: float = 60.0):
     """Look until the attempt has its verdict."""
-
-    def look():
-        st = b.status(h)
-        b.carry_out(h, st)
-        return st if st.terminal else None
-
-    return until(look, timeout, "no verdict")
+    return wait_ended(b, h, timeout)
 
 
 def gone(api, ns: str, name: str | None) -> bool:

@@ -54,6 +54,7 @@ from airflow_spot.backends.base import Outcome, State
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.testing_cluster.karpenter import CAPACITY_TYPE, NODEPOOL_LABEL, TOLERATION
+from airflow_spot.testing_cluster.looks import wait_ended, wait_running
 
 
 def ident(task_id: str) -> dict:
@@ -92,26 +93,11 @@ def backend(cluster) -> KubernetesBackend:
 
 def running(b: KubernetesBackend, task_id: str, command: list[str] = TRAIN, capacity: str = "spot"):
     h = b.launch(ident(task_id), 1, capacity, command, checkpoint_uri="file:///tmp/x")
-    until = time.monotonic() + 60
-    while time.monotonic() < until:
-        st = b.status(h)
-        b.carry_out(h, st)
-        if st.state is State.RUNNING:
-            return h, b.api.read_namespaced_pod(h.pod, b.namespace).spec.node_name
-        assert not st.terminal, st
-        time.sleep(0.2)
-    raise AssertionError("the attempt never ran")
+    return h, wait_running(b, h)
 
 
 def ended(b: KubernetesBackend, h, timeout: float = 60.0):
-    until = time.monotonic() + timeout
-    while time.monotonic() < until:
-        st = b.status(h)
-        b.carry_out(h, st)
-        if st.terminal:
-            return st
-        time.sleep(0.25)
-    raise AssertionError(f"no verdict in {timeout} s; last: {st}")
+    return wait_ended(b, h, timeout)
 
 
 def events(api, kind: str, name: str) -> dict[str, list[str]]:

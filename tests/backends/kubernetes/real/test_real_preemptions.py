@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 
-from airflow_spot.backends.base import Outcome, State
+from airflow_spot.backends.base import Outcome
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+from airflow_spot.testing_cluster.looks import wait_ended, wait_running
 
 IDENT = {
     "dag_id": "nightly_train",
@@ -34,26 +35,11 @@ def backend(cluster) -> KubernetesBackend:
 
 def running(b: KubernetesBackend, capacity: str = "spot", attempt: int = 1):
     h = b.launch(IDENT, attempt, capacity, SLEEP, checkpoint_uri="file:///tmp/x")
-    until = time.monotonic() + 60
-    while time.monotonic() < until:
-        st = b.status(h)
-        b.carry_out(h, st)
-        if st.state is State.RUNNING:
-            return h, b.api.read_namespaced_pod(h.pod, b.namespace).spec.node_name
-        assert not st.terminal, st
-        time.sleep(0.2)
-    raise AssertionError("the attempt never ran")
+    return h, wait_running(b, h)
 
 
 def ended(b: KubernetesBackend, h, timeout: float = 90.0):
-    until = time.monotonic() + timeout
-    while time.monotonic() < until:
-        st = b.status(h)
-        b.carry_out(h, st)
-        if st.terminal:
-            return st
-        time.sleep(0.25)
-    raise AssertionError(f"no verdict in {timeout} s; last: {st}")
+    return wait_ended(b, h, timeout)
 
 
 def disruption(api, ns: str, name: str, timeout: float = 90.0) -> str | None:
