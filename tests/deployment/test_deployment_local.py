@@ -27,6 +27,11 @@ RUN_TIMEOUT_S = 150.0
 # market ticks of 600 s replayed at 360x (one tick = 1.67 wall s): spot up 8 s, then down
 # 27 s (a preemption, and an outage Uniform Progress does not wait out), then up for good
 MARKET = [(True, 5), (False, 16), (True, 400)]
+# 10 h of market time for 4 h of work. The return to spot needs a look (one every ~1.45 h:
+# 12 s decision interval, plus the deferral's round trip) after on-demand is two changeovers
+# ahead of the uniform line (~3.7 h) and before the safety net's look-sized margin takes over
+# (~5.8 h). With 9 h that window was ~1.5 h wide, and one CI run in three missed it
+DEADLINE_S = 100
 
 DAG_SOURCE = '''
 """Written by tests/deployment/test_deployment_local.py."""
@@ -82,7 +87,7 @@ def deployment_dags(deployment_root: Path) -> dict[str, str]:
         trace=str(trace),
         steps=400,
         step_s=0.1,
-        deadline_s=90,
+        deadline_s=DEADLINE_S,
         scale=360.0,
         decision_s=12,
         min_deferral_s=10.5,
