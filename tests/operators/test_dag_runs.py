@@ -213,7 +213,9 @@ def test_a_return_to_spot_is_make_before_break(monkeypatch, tmp_path: Path) -> N
         tmp_path,
         "preemptions_dag",
         SPOT_TEST_TRACE=str(trace),
-        SPOT_TEST_DEADLINE_S="17",
+        SPOT_TEST_SCALE="900",  # half speed, as above: load costs half as many market hours
+        SPOT_TEST_STEP_S="0.1",
+        SPOT_TEST_DEADLINE_S="34",
         SPOT_TEST_POLICY="uniform_progress",
         SPOT_TEST_OBSERVE="cluster",
     )

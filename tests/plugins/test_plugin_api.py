@@ -24,7 +24,11 @@ def finished_run(tmp_path_factory) -> tuple[str, str]:
     mp = pytest.MonkeyPatch()
     mp.setenv("SPOT_TEST_DIR", str(tmp))
     mp.setenv("SPOT_TEST_TRACE", str(scripted_trace(tmp / "market.json", MARKET)))
-    mp.setenv("SPOT_TEST_DEADLINE_S", "17")
+    # the market at half speed (900x, 0.1 s steps, the same 8.5 market hours of deadline), as
+    # in test_dag_runs: at 1800x a loaded machine's process starts cost it its deadline
+    mp.setenv("SPOT_TEST_SCALE", "900")
+    mp.setenv("SPOT_TEST_STEP_S", "0.1")
+    mp.setenv("SPOT_TEST_DEADLINE_S", "34")
     mp.setenv("SPOT_TEST_POLICY", "greedy")
     sys.path.insert(0, str(Path(__file__).parents[1] / "dags"))
     try:
