@@ -9,7 +9,11 @@
   run each pod's command as a local process, and inject every preemption signal in the shape
   a real cluster produces it.
 
-Needs the dev dependency ``kmock``.
+Needs the dev dependency ``kmock``. No test of ours runs on it any more: every Kubernetes
+behaviour is tested on the real control plane (``tests/backends/kubernetes/real/``);
+``tests/fixtures/upgrade/capture.py`` still drives the backend on it to capture the stored
+state of earlier releases. ``autoscaler_status`` lives in
+:mod:`airflow_spot.testing_cluster.autoscaler` (imported here for ``FakeCloud``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from pathlib import Path
 import aiohttp.test_utils
 import aiohttp.web
 import kmock
+
+from airflow_spot.testing_cluster.autoscaler import autoscaler_status
 
 _rv = itertools.count(1)
 
@@ -238,65 +244,6 @@ CAPACITY_LABEL = {
 
 def _now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def autoscaler_status(group: str, backoff: bool, at: float | None = None) -> dict:
-    """A ``kube-system/cluster-autoscaler-status`` ConfigMap as cluster-autoscaler >= 1.30
-    writes it (YAML status; ``last-updated`` in Go's time format), with one node group."""
-    t = datetime.datetime.fromtimestamp(_time.time() if at is None else at, datetime.UTC)
-    go_time = t.strftime("%Y-%m-%d %H:%M:%S.%f000 +0000 UTC")
-    iso = t.strftime("%Y-%m-%dT%H:%M:%SZ")
-    scale_up = (
-        """    status: Backoff
-    backoffInfo:
-      errorCode: placeholder-cannot-be-fulfilled
-      errorMessage: AWS cannot provision any more instances for this node group
-"""
-        if backoff
-        else "    status: NoActivity\n    backoffInfo: {}\n"
-    )
-    status = f"""autoscalerStatus: Running
-clusterWide:
-  health:
-    lastProbeTime: "{iso}"
-    lastTransitionTime: "{iso}"
-    nodeCounts:
-      longUnregistered: 0
-      registered: {{notStarted: 0, ready: 1, total: 1, unready: {{resourceUnready: 0, total: 0}}}}
-      unregistered: 0
-    status: Healthy
-  scaleUp:
-    lastProbeTime: "{iso}"
-    lastTransitionTime: "{iso}"
-    status: {"Backoff" if backoff else "NoActivity"}
-nodeGroups:
-- health:
-    cloudProviderTarget: 0
-    lastProbeTime: "{iso}"
-    lastTransitionTime: "{iso}"
-    maxSize: 8
-    minSize: 0
-    status: Healthy
-  name: {group}
-  scaleDown:
-    lastProbeTime: "{iso}"
-    lastTransitionTime: "{iso}"
-    status: NoCandidates
-  scaleUp:
-{scale_up}    lastProbeTime: "{iso}"
-    lastTransitionTime: "{iso}"
-time: {go_time}
-"""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": "cluster-autoscaler-status",
-            "namespace": "kube-system",
-            "annotations": {"cluster-autoscaler.kubernetes.io/last-updated": go_time},
-        },
-        "data": {"status": status},
-    }
 
 
 class FakeCloud:

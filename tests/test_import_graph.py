@@ -62,6 +62,7 @@ PLACED: dict[str, tuple[str, str]] = {
     "testing_faults": ("shell", "a fault-injecting HTTP proxy for tests and chaos runs"),
     "testing_cluster": ("shell", "a real control plane for tests: re-exports its parts"),
     "testing_cluster.plane": ("shell", "starts etcd, apiserver, controllers, kwok (processes)"),
+    "testing_cluster.autoscaler": ("shell", "the autoscaler status ConfigMap, as it is written"),
     "testing_cluster.pki": ("shell", "certificates for that control plane, cryptography only"),
     "testing_cluster.kubelet": ("shell", "runs bound pods as processes; the cloud's reclaims"),
     "testing_cluster.looks": (

@@ -228,7 +228,7 @@ class LiveAttempt:
             rec.reason = "exited 0 after the reclaim notice with work left: spot capacity reclaimed"
         if st.coming is rec:
             st.incoming = None
-        else:
+        elif st.live is rec:  # not an unrecorded attempt closed beside the one that trains
             st.current = None
         failed = rec.outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value)
         # the log goes with the pod: read it before the release deletes it

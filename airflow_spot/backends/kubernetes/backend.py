@@ -37,6 +37,7 @@ from airflow_spot.backends.kubernetes.classify import (
     classify,
     container_start_error,
     interruption_notice,
+    is_cloud_notice,
     node_is_spot,
 )
 from airflow_spot.backends.kubernetes.cluster import ClusterView
@@ -506,7 +507,13 @@ class KubernetesBackend:
             else None
         )
         if notice:
-            handle.notice = notice  # kept: the node (and its taints) may be gone at the verdict
+            # kept: the node (and its taints) may be gone at the verdict. The first one stays,
+            # unless a later look shows the cloud's own word where the first was not (a drain's
+            # karpenter.sh/disrupted taint alone reads as a consolidation at the verdict)
+            if handle.notice is None or (
+                is_cloud_notice(notice) and not is_cloud_notice(handle.notice)
+            ):
+                handle.notice = notice
             if handle.notice_at is None:
                 handle.notice_at = time.time()
         due: list[str] = []

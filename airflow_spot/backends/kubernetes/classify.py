@@ -265,19 +265,22 @@ def placement_is_spot(pod: Any) -> bool:
 
 
 def interruption_notice(node: Any, events: Iterable[Any] = ()) -> str | None:
-    """Evidence that the node is about to be reclaimed (so the pod should checkpoint now)."""
+    """Evidence that the node is about to be reclaimed (so the pod should checkpoint now): the
+    cloud's own word first (:data:`CLOUD_NOTICES`), then Karpenter's disruption taint."""
     n = _d(node)
-    for t in _g(_g(n, "spec") or {}, "taints") or []:
-        key = _g(t, "key")
-        if key in SPOT_TAINTS or key == "karpenter.sh/disrupted":
+    taints = [_g(t, "key") for t in _g(_g(n, "spec") or {}, "taints") or []]
+    for key in taints:
+        if key in SPOT_TAINTS:
             return f"node taint {key}"
-    for ev in events:
+    for ev in events:  # the cloud's own word before Karpenter's taint, which consolidation sets too
         e = _d(ev)
         reason = _g(e, "reason") or ""
         if reason in SPOT_EVENT_REASONS or reason in ("InstanceTerminating", "InstanceStopping"):
             return f"event {reason}"
         if _scheduled_preempt(e):
             return "scheduled event Preempt"
+    if "karpenter.sh/disrupted" in taints:
+        return "node taint karpenter.sh/disrupted"
     for c in _g(_g(n, "status") or {}, "conditions") or []:
         if (
             _g(c, "type") == "Ready"
@@ -302,6 +305,11 @@ def container_start_error(pod: Any) -> tuple[str, str] | None:
         if reason in CONTAINER_START_ERRORS or reason in CONTAINER_START_FATAL:
             return reason, str(_g(w, "message") or "")
     return None
+
+
+def is_cloud_notice(notice: str | None) -> bool:
+    """The recorded notice is the cloud's own word that the capacity is being reclaimed."""
+    return bool(notice) and str(notice).startswith(CLOUD_NOTICES)
 
 
 def _cloud_evidence(node: Mapping[str, Any], events: list[dict[str, Any]]) -> list[str]:
@@ -345,7 +353,7 @@ class Facts:
             spot = placement_is_spot(self.pod) or None  # no node, no record: its placement
         object.__setattr__(self, "spot", self.was_spot if spot is None else spot)
         cloud = _cloud_evidence(self.node, list(self.events)) if (self.node or self.events) else []
-        if self.notice and self.notice.startswith(CLOUD_NOTICES):
+        if is_cloud_notice(self.notice):
             cloud.append(f"recorded notice: {self.notice}")
         object.__setattr__(self, "cloud", tuple(cloud))
 

@@ -681,6 +681,16 @@ def test_node_capacity_labels(labels, spot) -> None:
             [event("Preempt", "will change into status 'Preempt'")],
             "scheduled event Preempt",
         ),
+        (
+            node(KARPENTER_SPOT, [V1Taint(key="karpenter.sh/disrupted", effect="NoSchedule")]),
+            [],
+            "node taint karpenter.sh/disrupted",
+        ),
+        (  # Karpenter's interruption: its taint and the cloud's word; the cloud's is the notice
+            node(KARPENTER_SPOT, [V1Taint(key="karpenter.sh/disrupted", effect="NoSchedule")]),
+            [event("SpotInterrupted", "Spot interruption warning was triggered")],
+            "event SpotInterrupted",
+        ),
         (node(EKS_SPOT), [], None),
         (node(AKS_SPOT), [event("FailedScheduling", NO_FIT, kind="Pod")], None),
     ],

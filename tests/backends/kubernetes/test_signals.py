@@ -33,7 +33,7 @@ from airflow_spot.backends.kubernetes.signals import (
     when,
 )
 from airflow_spot.backends.signals import SpotSignal
-from airflow_spot.testing_kube import autoscaler_status
+from airflow_spot.testing_cluster.autoscaler import autoscaler_status
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC).timestamp()
 ICE_MSG = (

@@ -42,8 +42,8 @@ from airflow_spot.backends.kubernetes.backend import KubePool, KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.backends.kubernetes.probe import PRIORITY_CLASS, build_priority_class
 from airflow_spot.exceptions import BackendError, ConfigError
+from airflow_spot.testing_cluster.autoscaler import autoscaler_status
 from airflow_spot.testing_cluster.looks import wait_ended, wait_running
-from airflow_spot.testing_kube import autoscaler_status
 
 NS = "ml-training"  # docker/rbac.yaml's namespace (the sa_kubeconfig fixture, conftest.py)
 IDENT: dict[str, Any] = {
@@ -819,6 +819,8 @@ def test_a_probe_never_preempts_and_any_real_pod_preempts_it(kube_cluster) -> No
     assert sig.up is True, sig
     stored = api.read_namespaced_pod(probe["name"], ns)
     assert (stored.spec.priority, stored.spec.preemption_policy) == (-10, "Never")
+    # its GPU is the probe's: the node shows no free GPU for the job while the probe holds it
+    assert [s for s in b.spot_signals(time.time()) if s.source == "node"] == []
     assert stored.metadata.annotations["karpenter.sh/do-not-disrupt"] == "true"
     other = {**IDENT, "task_id": "other"}
     h = b.launch(other, 1, "spot", SLEEP, checkpoint_uri="/c")

@@ -11,7 +11,7 @@ import time
 import uuid
 
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-from airflow_spot.testing_kube import autoscaler_status
+from airflow_spot.testing_cluster.autoscaler import autoscaler_status
 
 IDENT = {
     "dag_id": "nightly_train",
