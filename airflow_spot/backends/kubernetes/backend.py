@@ -68,6 +68,7 @@ RBAC_HINT = (
     " the verdict reads the node's labels, taints and events; see docker/rbac.yaml)"
 )
 RELAY_NOTICE = "relay_notice"  # what a status may find due (see carry_out)
+LAUNCHED_ANNOTATION = "airflow-spot/launched-at"  # wall time of the launch, to the microsecond
 # when a held pod was released (wall time): training began then, not at the container's start
 RELEASED_ANNOTATION = "airflow-spot/hold-released-at"
 GIVE_UP = "give_up"
@@ -381,11 +382,14 @@ class KubernetesBackend:
                 self._wait_gone(name, 30.0)
         from kubernetes.client.exceptions import ApiException
 
+        # the launch time to the microsecond (creationTimestamp has whole seconds): a try that
+        # adopts an unrecorded attempt tells this job's from an earlier one's by it
+        pod.metadata.annotations = {
+            **(pod.metadata.annotations or {}),
+            LAUNCHED_ANNOTATION: repr(time.time()),
+        }
         if lease_until is not None:  # the container reads it through the downward API
-            pod.metadata.annotations = {
-                **(pod.metadata.annotations or {}),
-                LEASE_ANNOTATION: repr(lease_until),
-            }
+            pod.metadata.annotations[LEASE_ANNOTATION] = repr(lease_until)
         try:
             self.api.create_namespaced_pod(self.namespace, pod)
         except ApiException as e:
@@ -422,7 +426,7 @@ class KubernetesBackend:
             lab = p.metadata.labels or {}
             if _is_probe(p) or not str(lab.get("airflow-spot/attempt", "")).isdigit():
                 continue
-            created = _ts(p.metadata.creation_timestamp) or time.time()
+            created = _launched_at(p)
             cap = lab.get("airflow-spot/capacity", "")
             out.append(
                 AttemptHandle(
@@ -971,6 +975,15 @@ def _ts(value: Any) -> float | None:
     if isinstance(value, datetime):
         return value.timestamp()
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def _launched_at(pod: Any) -> float:
+    """When the pod was launched: our annotation (to the microsecond), else its
+    creationTimestamp (whole seconds: a pod of an earlier release), else now."""
+    try:
+        return float((pod.metadata.annotations or {})[LAUNCHED_ANNOTATION])
+    except (KeyError, TypeError, ValueError):
+        return _ts(pod.metadata.creation_timestamp) or time.time()
 
 
 def _times(pod: Any) -> tuple[float | None, float | None, float | None]:

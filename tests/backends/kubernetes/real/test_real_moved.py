@@ -500,7 +500,9 @@ def test_a_held_pod_trains_nothing_until_released_then_resumes(
     until(lambda: latest() >= 10, 30, "on-demand never saved")
     spot = launch(2, "spot", hold=True)
     pod = api.read_namespaced_pod(spot.pod, ns)
-    assert pod.metadata.annotations == {NOTICE_ANNOTATION: "", HOLD_ANNOTATION: "wait"}
+    ann = dict(pod.metadata.annotations)
+    assert float(ann.pop("airflow-spot/launched-at")) <= time.time()
+    assert ann == {NOTICE_ANNOTATION: "", HOLD_ANNOTATION: "wait"}
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert env[ENV["hold"]] == env[ENV["notice_annotations"]]  # one downward-API file
     ready = until(lambda: (s := b.status(spot)).ready_at is not None and s, 60, "never ready")
@@ -703,7 +705,6 @@ class Adopted:
         h1 = AttemptHandle.from_dict(st["attempts"][0]["handle"])
         cluster.kubelet.reclaim(wait_running(b, h1), "drain")
         until(lambda: gone(self.api, self.ns, h1.pod), 30, "the drained pod stayed")
-        time.sleep(max(0.0, st["started_at"] + 1.1 - time.time()))  # creationTimestamp: 1 s
         self.h2 = b.launch(
             {**self.ident, "try_number": 1}, 2, "spot", self.cmd, checkpoint_uri=self.ckpt
         )
@@ -727,6 +728,25 @@ class Adopted:
 
     def h2_untouched(self) -> bool:
         return self.api.read_namespaced_pod(self.h2.pod, self.ns).metadata.uid == self.uid
+
+
+def test_an_attempt_pods_launch_time_is_found_to_the_microsecond(kube_cluster) -> None:
+    """A try adopts only the unrecorded attempts launched since its job started, and a job
+    launches its first attempt within its first second: the launch time it finds is the
+    launch's own (an annotation), not the whole second of ``creationTimestamp`` (before
+    which a first attempt whose worker died at once was never adopted)."""
+    b = backend(kube_cluster.kubeconfig, kube_cluster.namespace)
+    t0 = time.time()
+    h = b.launch(IDENT, 1, "spot", SLEEP, checkpoint_uri="/c")
+    t1 = time.time()
+    found = b.find_attempts(IDENT)
+    assert [f.pod for f in found] == [h.pod]
+    launched = found[0].launched_at
+    assert t0 <= launched <= h.launched_at <= t1, (t0, launched, h.launched_at, t1)
+    assert launched % 1 != 0, launched  # not a whole second
+    created = b.api.read_namespaced_pod(h.pod, kube_cluster.namespace).metadata.creation_timestamp
+    assert created.microsecond == 0  # what the API server stores: whole seconds
+    b.cancel(h, wait_s=30)
 
 
 def test_an_attempt_pod_no_try_recorded_is_adopted(kube_cluster, tmp_path: Path) -> None:
