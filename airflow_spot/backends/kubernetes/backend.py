@@ -13,12 +13,10 @@ any leftover pod of the task that is not the live attempt.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,6 +41,19 @@ from airflow_spot.backends.kubernetes.classify import (
 from airflow_spot.backends.kubernetes.cluster import ClusterView
 from airflow_spot.backends.kubernetes.connection import reaching_server, settings_error
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
+from airflow_spot.backends.kubernetes.podread import (
+    LAUNCHED_ANNOTATION,
+    RELEASED_ANNOTATION,
+    api_message,
+    event_kind,
+    failed_init,
+    hold_state,
+    pod_exit_code,
+    pod_launched_at,
+    pod_times,
+    same_object,
+    wall_time,
+)
 from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE
 from airflow_spot.backends.kubernetes.template import (
     check_pod_template,
@@ -68,9 +79,6 @@ RBAC_HINT = (
     " the verdict reads the node's labels, taints and events; see docker/rbac.yaml)"
 )
 RELAY_NOTICE = "relay_notice"  # what a status may find due (see carry_out)
-LAUNCHED_ANNOTATION = "airflow-spot/launched-at"  # wall time of the launch, to the microsecond
-# when a held pod was released (wall time): training began then, not at the container's start
-RELEASED_ANNOTATION = "airflow-spot/hold-released-at"
 GIVE_UP = "give_up"
 OUTCOMES = {
     Verdict.SUCCEEDED: Outcome.SUCCEEDED,
@@ -426,7 +434,7 @@ class KubernetesBackend:
             lab = p.metadata.labels or {}
             if _is_probe(p) or not str(lab.get("airflow-spot/attempt", "")).isdigit():
                 continue
-            created = _launched_at(p)
+            created = pod_launched_at(p)
             cap = lab.get("airflow-spot/capacity", "")
             out.append(
                 AttemptHandle(
@@ -493,7 +501,7 @@ class KubernetesBackend:
             handle.pod_uid = pod.metadata.uid
         if node is not None and node.metadata is not None and handle.node_uid is None:
             handle.node_uid = node.metadata.uid  # the node the pod ran on, not a namesake
-            handle.node_created = _ts(node.metadata.creation_timestamp)
+            handle.node_created = wall_time(node.metadata.creation_timestamp)
         events = self._events(handle, node_name)
         if pod is not None and node is not None:
             handle.node = node_name
@@ -506,7 +514,7 @@ class KubernetesBackend:
         if phase != "Pending":
             handle.pending_since = None
         notice = (
-            interruption_notice(node, [e for e in events if _kind(e) != "Pod"])
+            interruption_notice(node, [e for e in events if event_kind(e) != "Pod"])
             if node is not None
             else None
         )
@@ -532,7 +540,7 @@ class KubernetesBackend:
         start_error_for = (
             time.time() - handle.start_error_since if handle.start_error_since is not None else 0.0
         )
-        granted, started, finished = _times(pod)
+        granted, started, finished = pod_times(pod)
         notice_age = (finished or time.time()) - handle.notice_at if handle.notice_at else None
         gave_up = handle.gave_up  # we deleted it: the 404 now is ours, not a reclaim
         verdict = (
@@ -561,7 +569,7 @@ class KubernetesBackend:
                 _pod(handle),
                 verdict.reason,
             )
-        held, started = _held(pod, started)
+        held, started = hold_state(pod, started)
         base: dict[str, Any] = dict(
             capacity=handle.capacity or "",
             attempt=int(handle.attempt or 0),
@@ -586,7 +594,7 @@ class KubernetesBackend:
             return AttemptStatus(
                 State.WAITING if handle.capacity == "spot" else State.LAUNCHING, **base
             )
-        exit_code = _exit_code(pod)
+        exit_code = pod_exit_code(pod)
         return AttemptStatus(
             State.ENDED,
             ended_at=finished or time.time(),
@@ -655,7 +663,7 @@ class KubernetesBackend:
 
     def _failed_container(self, pod_name: str) -> str:
         """The init container that failed, if one did (``train`` never started then)."""
-        failed = _failed_init(self._read_pod(pod_name))
+        failed = failed_init(self._read_pod(pod_name))
         return failed.name if failed is not None else "train"
 
     @reaching_server
@@ -859,7 +867,7 @@ class KubernetesBackend:
             for e in self.api.list_namespaced_event(
                 self.namespace, field_selector=f"involvedObject.name={_pod(handle)}"
             ).items
-            if _same_object(e, handle.pod_uid, handle.launched_at)
+            if same_object(e, handle.pod_uid, handle.launched_at)
         ]
         if node_name:
             from kubernetes.client.exceptions import ApiException
@@ -876,7 +884,7 @@ class KubernetesBackend:
             out += [
                 e
                 for e in node_events
-                if _same_object(e, handle.node_uid, handle.node_created, alias=node_name)
+                if same_object(e, handle.node_uid, handle.node_created, alias=node_name)
             ]
         return out
 
@@ -938,115 +946,3 @@ def _placement_from(d: dict[str, Any]) -> Placement:
     return Placement(
         d.get("node_selector") or {}, tuple(d.get("tolerations") or ()), d.get("affinity")
     )
-
-
-def _same_object(
-    event: Any, uid: str | None, since: float | None, alias: str | None = None
-) -> bool:
-    """The event is about the object with ``uid`` (when both are known) and not older than
-    ``since`` (with a minute's slack for clock skew between nodes and the API server). The
-    kubelet, the node lifecycle controller and node-problem-detector give a node event the
-    node's name as uid (``alias``): only the time tells those apart."""
-    inv = getattr(event, "involved_object", None)
-    ev_uid = getattr(inv, "uid", None)
-    if uid and ev_uid and ev_uid not in (uid, alias):
-        return False
-    if since is None:
-        return True
-    meta = getattr(event, "metadata", None)
-    times = [
-        _ts(getattr(event, "last_timestamp", None)),
-        _ts(getattr(event, "event_time", None)),
-        _ts(getattr(event, "first_timestamp", None)),
-        _ts(getattr(meta, "creation_timestamp", None)),
-    ]
-    newest = max((t for t in times if t is not None), default=None)
-    return newest is None or newest >= since - 60.0
-
-
-def _kind(event: Any) -> str:
-    inv = getattr(event, "involved_object", None)
-    return getattr(inv, "kind", "") or ""
-
-
-def _ts(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-
-
-def _launched_at(pod: Any) -> float:
-    """When the pod was launched: our annotation (to the microsecond), else its
-    creationTimestamp (whole seconds: a pod of an earlier release), else now."""
-    try:
-        return float((pod.metadata.annotations or {})[LAUNCHED_ANNOTATION])
-    except (KeyError, TypeError, ValueError):
-        return _ts(pod.metadata.creation_timestamp) or time.time()
-
-
-def _times(pod: Any) -> tuple[float | None, float | None, float | None]:
-    """(scheduled, container started, container finished) wall times from the pod."""
-    if pod is None or pod.status is None:
-        return None, None, None
-    granted = None
-    for c in pod.status.conditions or []:
-        if c.type == "PodScheduled" and c.status == "True":
-            granted = _ts(c.last_transition_time)
-    started = finished = None
-    for cs in pod.status.container_statuses or []:
-        st = cs.state
-        if st and st.running:
-            started = _ts(st.running.started_at)
-        if st and st.terminated:
-            started = started or _ts(st.terminated.started_at)
-            finished = _ts(st.terminated.finished_at)
-    return granted, started, finished
-
-
-def _held(pod: Any, started: float | None) -> tuple[bool, float | None]:
-    """(the pod is held: not released yet, when training began). Held, ``started`` is when it
-    became ready; released, training began at the later of its container's start and the
-    release."""
-    ann = (pod.metadata.annotations if pod is not None and pod.metadata else None) or {}
-    hold = ann.get(HOLD_ANNOTATION)
-    if hold is None or started is None:
-        return False, started
-    if hold != "go":
-        return True, started
-    try:
-        released = float(ann.get(RELEASED_ANNOTATION) or "")
-    except ValueError:
-        return False, started
-    return False, max(started, released)
-
-
-def _exit_code(pod: Any) -> int | None:
-    if pod is None or pod.status is None:
-        return None
-    for cs in pod.status.container_statuses or []:
-        if cs.state and cs.state.terminated:
-            return cs.state.terminated.exit_code
-    failed = _failed_init(pod)
-    return failed.state.terminated.exit_code if failed is not None else None
-
-
-def _failed_init(pod: Any) -> Any:
-    """The status of an init container that exited non-zero, or None."""
-    if pod is None or pod.status is None:
-        return None
-    for cs in pod.status.init_container_statuses or []:
-        if cs.state and cs.state.terminated and cs.state.terminated.exit_code:
-            return cs
-    return None
-
-
-def api_message(e: Any) -> str:
-    """``": <the server's own message>"`` from an ApiException's Status body, or "": a 403
-    for a missing ServiceAccount reads like RBAC without it."""
-    try:
-        msg = json.loads(e.body or "").get("message")
-    except (TypeError, ValueError, AttributeError):
-        return ""
-    return f": {msg}" if isinstance(msg, str) and msg else ""
