@@ -26,17 +26,27 @@ real kube-apiserver, scheduler and controllers, our kubelet running each pod as 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# the constants and helpers test_real_claims.py (run first) defines, not a copy of them
+from test_real_claims import (  # noqa: E402
+    IDENT,
+    NS,
+    SLEEP,
+    SPOT,
+    ZONE,
+    backend,
+    until,
+    warnings_of,
+)
 
 from airflow_spot.backends.base import Outcome, State
 from airflow_spot.backends.kubernetes.backend import KubePool, KubernetesBackend
@@ -44,41 +54,6 @@ from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.backends.kubernetes.probe import SETTLE_S
 from airflow_spot.exceptions import BackendError, ConfigError
 from airflow_spot.testing_cluster.looks import wait_ended, wait_running
-
-NS = "ml-training"  # docker/rbac.yaml's namespace (the sa_kubeconfig fixture, conftest.py)
-IDENT: dict[str, Any] = {
-    "dag_id": "nightly_train",
-    "task_id": "train",
-    "run_id": "manual__2026-01-01T00:00:00+00:00",
-    "map_index": -1,
-    "try_number": 1,
-}
-SLEEP = ["sleep", "600"]
-SPOT = {"karpenter.sh/capacity-type": "spot"}
-ZONE = "topology.kubernetes.io/zone"
-
-
-def backend(cfg: str, namespace: str, **kw: Any) -> KubernetesBackend:
-    return KubernetesBackend(
-        image="ghcr.io/me/train:1",
-        config_file=cfg,
-        namespace=namespace,
-        preset=kw.pop("preset", "karpenter"),
-        gpus=kw.pop("gpus", 1),
-        pending_timeout_s=kw.pop("pending_timeout_s", 120.0),
-        **kw,
-    )
-
-
-def until(what: Callable[[], Any], timeout: float = 30.0, msg: object = "") -> Any:
-    """``what()``'s first truthy answer, polled every 0.2 s for at most ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if got := what():
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {msg or what}")
-        time.sleep(0.2)
 
 
 def gone(api, ns: str, name: str) -> bool:
@@ -155,23 +130,6 @@ def probes(api, ns: str) -> set[str]:
 
 
 @contextlib.contextmanager
-def warnings_of(logger: str) -> Iterator[list[str]]:
-    """The messages ``logger`` warns with meanwhile (a handler of its own: Airflow's logging
-    set-up may stop records from reaching pytest's)."""
-    got: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            got.append(record.getMessage())
-
-    keep, log = Keep(logging.WARNING), logging.getLogger(logger)
-    log.addHandler(keep)
-    try:
-        yield got
-    finally:
-        log.removeHandler(keep)
-
-
 def without_patch_on_pods(api, docs: list[dict]) -> None:
     """docker/rbac.yaml's namespaced Role with ``patch`` taken off pods."""
     from kubernetes import client
