@@ -78,8 +78,9 @@ def test_stopped_heartbeats_are_a_preemption_via_the_taint_manager(kube_cluster)
     h, node = running(b)
     kube_cluster.kubelet.reclaim(node, "unreachable")
     assert disruption(b.api, b.namespace, h.pod) == "DeletionByTaintManager"
-    taints = {t.key: t.effect for t in b.api.read_node(node).spec.taints or []}
-    assert taints.get("node.kubernetes.io/unreachable") == "NoExecute", taints
+    # The controller adds unreachable twice, NoSchedule and NoExecute: keep both pairs.
+    taints = {(t.key, t.effect) for t in b.api.read_node(node).spec.taints or []}
+    assert ("node.kubernetes.io/unreachable", "NoExecute") in taints, taints
     st = ended(b, h)
     assert st.outcome is Outcome.PREEMPTED, st
     assert "DeletionByTaintManager" in str(st.evidence) or "unreachable" in st.reason, st
