@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -25,8 +24,6 @@ from airflow_spot.backends.base import (
     AttemptStatus,
     Outcome,
     State,
-    check_pool_price,
-    check_pools,
     look,
 )
 from airflow_spot.backends.kubernetes.classify import (
@@ -40,6 +37,7 @@ from airflow_spot.backends.kubernetes.classify import (
 )
 from airflow_spot.backends.kubernetes.cluster import ClusterView
 from airflow_spot.backends.kubernetes.connection import reaching_server, settings_error
+from airflow_spot.backends.kubernetes.fields import KubePool, check_backend_fields
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
 from airflow_spot.backends.kubernetes.podread import (
     LAUNCHED_ANNOTATION,
@@ -55,25 +53,17 @@ from airflow_spot.backends.kubernetes.podread import (
     wall_time,
 )
 from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE
-from airflow_spot.backends.kubernetes.template import (
-    check_pod_template,
-    check_resources,
-    load_pod_template,
-)
+from airflow_spot.backends.kubernetes.template import load_pod_template
 from airflow_spot.backends.signals import SpotSignal
 from airflow_spot.checkpoint.training import (
     HOLD_ANNOTATION,
     LEASE_ANNOTATION,
     NOTICE_ANNOTATION,
 )
-from airflow_spot.exceptions import BackendError, ConfigError, finite_number
+from airflow_spot.exceptions import BackendError, ConfigError
 from airflow_spot.jobstate import AttemptHandle
 
 log = logging.getLogger(__name__)
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # DNS-1123 subdomain
-_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
-DELETE_POLICIES = ("always", "on_success", "never")
 RBAC_HINT = (
     " (the worker's service account needs get on nodes and list on events in all namespaces:"
     " the verdict reads the node's labels, taints and events; see docker/rbac.yaml)"
@@ -88,36 +78,6 @@ OUTCOMES = {
     Verdict.OOM_KILLED: Outcome.OOM_KILLED,
     Verdict.APP_FAILURE: Outcome.APP_FAILURE,
 }
-
-
-@dataclass(frozen=True)
-class KubePool:
-    """One spot node pool (zone, instance type or node group): where its pods go and its price.
-
-    :param placement: node selector / tolerations / affinity of this pool's spot nodes.
-    :param spot_price: a fixed price per hour, or
-    :param price_from: a live price through an Airflow AWS connection:
-        ``{"aws_conn_id": ..., "instance_type": ..., "zone": ...}``.
-    """
-
-    name: str
-    placement: Placement
-    spot_price: float | None = None
-    price_from: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _LABEL.fullmatch(self.name):
-            raise ConfigError(
-                "backend.pools",
-                f"pool name {self.name!r} must be a short lowercase name (letters, digits, '-')",
-            )
-        if not isinstance(self.placement, Placement):
-            raise ConfigError(
-                "backend.pools",
-                f"pool {self.name!r}: placement must be a Placement(node_selector=..., "
-                f"tolerations=...), got {type(self.placement).__name__}",
-            )
-        check_pool_price(self.name, self.spot_price, self.price_from)
 
 
 @dataclass(frozen=True)
@@ -182,95 +142,9 @@ class KubernetesBackend:
         return self.pools
 
     def __post_init__(self) -> None:
-        if not self.image:
-            raise ConfigError(
-                "backend.image", "give the training image, e.g. 'ghcr.io/me/train:1.0'"
-            )
-        if self.delete_pods not in DELETE_POLICIES:
-            raise ConfigError(
-                "backend.delete_pods", f"must be one of {DELETE_POLICIES}, got {self.delete_pods!r}"
-            )
-        placement_for(self.preset, "spot")
-        placement_for(self.preset, "on_demand")
-        check_pod_template(self.pod_template)
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
-            raise ConfigError("backend.gpus", f"must be a whole number >= 0, got {self.gpus!r}")
-        if self.resources is not None and (
-            not isinstance(self.resources, dict)
-            or set(self.resources) - {"limits", "requests"}
-            or not all(isinstance(v, dict) for v in self.resources.values())
-        ):
-            raise ConfigError(
-                "backend.resources",
-                'give {"limits": {...}, "requests": {...}}, e.g. {"limits": {"memory": "64Gi"}}, '
-                f"got {self.resources!r}",
-            )
-        self._check_fields()
+        check_backend_fields(self)
         if isinstance(self.pod_template, Path):  # kept as text: the backend is stored as JSON
             object.__setattr__(self, "pod_template", str(self.pod_template))
-
-    def _check_fields(self) -> None:
-        """The remaining fields' types and shapes, each named (a wrong one would otherwise
-        fail at launch, or never)."""
-        if not isinstance(self.namespace, str) or not _LABEL.fullmatch(self.namespace):
-            raise ConfigError(
-                "backend.namespace",
-                f"must be a Kubernetes namespace name (lowercase letters, digits and '-', at "
-                f"most 63), got {self.namespace!r}",
-            )
-        if isinstance(self.preset, dict):
-            for cap in ("spot", "on_demand"):
-                if not isinstance(self.preset.get(cap), Placement):
-                    raise ConfigError(
-                        "backend.preset",
-                        f"a custom preset maps 'spot' and 'on_demand' to Placement(...) objects, "
-                        f"got {type(self.preset.get(cap)).__name__} for {cap!r}",
-                    )
-        for name in ("pending_timeout_s", "spot_cooldown_s"):
-            v = getattr(self, name)
-            if not (finite_number(v) and v > 0):
-                raise ConfigError(f"backend.{name}", f"must be a number of seconds > 0, got {v!r}")
-        g = self.grace_period_s
-        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
-            raise ConfigError("backend.grace_period_s", f"must be whole seconds >= 0, got {g!r}")
-        if not isinstance(self.env, dict) or not all(
-            isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str)
-            for k, v in self.env.items()
-        ):
-            raise ConfigError(
-                "backend.env",
-                f'give {{"NAME": "value"}} with string values, got {self.env!r}',
-            )
-        secrets = self.env_from_secrets
-        if isinstance(secrets, list):
-            object.__setattr__(self, "env_from_secrets", secrets := tuple(secrets))
-        if not isinstance(secrets, tuple) or not all(
-            isinstance(x, str) and _SUBDOMAIN.fullmatch(x) for x in secrets
-        ):
-            raise ConfigError(
-                "backend.env_from_secrets",
-                f"give a tuple of Secret names, e.g. ('hf-token',), got {secrets!r}",
-            )
-        sa = self.service_account
-        if sa is not None and not (isinstance(sa, str) and _SUBDOMAIN.fullmatch(sa)):
-            raise ConfigError(
-                "backend.service_account", f"must be a service account name or None, got {sa!r}"
-            )
-        for name in ("kubernetes_conn_id", "config_file"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, str) or not v.strip()):
-                raise ConfigError(
-                    f"backend.{name}", f"must be a non-empty string or None, got {v!r}"
-                )
-        for name in ("in_cluster", "mount_service_account_token"):
-            v = getattr(self, name)
-            if not (isinstance(v, bool) or (v is None and name == "in_cluster")):
-                raise ConfigError(f"backend.{name}", f"must be True or False, got {v!r}")
-        object.__setattr__(self, "pools", check_pools(self.pools, KubePool))
-        if self.resources:
-            check_resources(
-                self.resources.get("limits") or {}, self.resources.get("requests") or {}
-            )
 
     def _placement(self, capacity: str, pool: str) -> Placement:
         if capacity == "spot" and pool:
