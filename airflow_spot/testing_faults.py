@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 HEAD_MAX = 1 << 16  # bytes: a longer request or response head is refused
@@ -173,6 +174,7 @@ class FaultProxy:
         self.hits: Counter[Mode] = Counter()  # requests that met each mode
         self._mode, self._rate = Mode.PASS, 1.0
         self._left: int | None = None  # requests left to meet the mode (None: no end)
+        self._only: Callable[[Request], bool] | None = None  # the requests the mode is for
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._holds: list[Held] = []
@@ -190,15 +192,22 @@ class FaultProxy:
     def mode(self) -> Mode:
         return self._mode
 
-    def set(self, mode: Mode, rate: float = 1.0, count: int | None = None) -> None:
+    def set(
+        self,
+        mode: Mode,
+        rate: float = 1.0,
+        count: int | None = None,
+        only: Callable[[Request], bool] | None = None,
+    ) -> None:
         """The mode new requests meet; ``rate``: the share of them that do (the rest pass);
-        ``count``: after that many have met it, back to ``PASS``."""
+        ``count``: after that many have met it, back to ``PASS``; ``only``: the requests it
+        applies to (the others pass, and do not count)."""
         if mode in (Mode.HTTP_500, Mode.THROTTLE) and mode not in self.answers:
             raise ValueError(f"no answer for {mode.value} in this proxy's answers")
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"rate must be within [0, 1], got {rate}")
         with self._lock:
-            self._mode, self._rate, self._left = Mode(mode), rate, count
+            self._mode, self._rate, self._left, self._only = Mode(mode), rate, count, only
 
     def hold(self, match: Callable[[Request], bool]) -> Held:
         """Stop the next request for which ``match`` is true, before any of it is forwarded."""
@@ -266,7 +275,7 @@ class FaultProxy:
             if not self._pass_hold(req):
                 _reset(client)
                 return
-            mode = self._draw()
+            mode = self._draw(req)
             if mode in (Mode.HTTP_500, Mode.THROTTLE):
                 if "100-continue" not in req.headers.get("expect", "").lower():
                     _read_body(client, req.headers, rest, None)  # the client then reads us
@@ -341,9 +350,11 @@ class FaultProxy:
         held._go.wait()
         return held._forward
 
-    def _draw(self) -> Mode:
+    def _draw(self, req: Request) -> Mode:
         with self._lock:
             mode = self._mode
+            if mode is not Mode.PASS and self._only is not None and not self._only(req):
+                mode = Mode.PASS
             if mode is not Mode.PASS and self._rng.random() >= self._rate:
                 mode = Mode.PASS
             if mode is not Mode.PASS and self._left is not None:
@@ -488,3 +499,21 @@ def _drop_request(client: Any, up: Any, head: bytes, headers: dict[str, str], re
             break
         body += chunk
     up.sendall(body[:want])
+
+
+def kube_fault_proxy(upstream: str, ca: Path, cert: Path, key: Path) -> FaultProxy:
+    """A :class:`FaultProxy` in front of the Kubernetes API server at ``upstream``
+    (``https://host:port``): TLS terminated with the server's own certificate (``cert``,
+    ``key``: the kubeconfig's CA ``ca`` trusts it), re-encrypted towards the server, answers
+    as Kubernetes ``Status`` objects. Not started."""
+    host, port = upstream.removeprefix("https://").rsplit(":", 1)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(ca))
+    return FaultProxy(
+        (host, int(port)),
+        answers=KUBERNETES_ANSWERS,
+        server_ssl=server,
+        upstream_ssl=client,
+        timeout=30.0,
+    )

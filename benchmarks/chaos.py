@@ -30,7 +30,10 @@ and ``--s3-windows`` S3 fault windows of 1 to 6 s each (every new request meets 
   mid-response (the client gets the head and half the body), and those in flight are cut.
 
 A fault counts once it hit something: a live training process, a held write, at least one
-request in its window. For each run it reads the XCom summary, the attempts' folders and the
+request in its window. A training fault whose time comes while nothing trains (or nothing
+writes a checkpoint) waits: it is tried again each second until it hits or until
+``RETRY_UNTIL`` of the deadline has passed, so that the kills land on training rather than
+on the gaps between attempts. For each run it reads the XCom summary, the attempts' folders and the
 bucket (directly, not through the proxy), and counts:
 
 * ``misses``: a failed run, or its deadline missed (also a run the retries did not absorb);
@@ -95,6 +98,7 @@ PROCESS_FAULTS = (
     "restart_api_server",
 )
 S3_FAULTS = ("s3_500", "s3_throttle", "s3_drop")
+RETRY_UNTIL = 0.8  # share of the deadline until which a training fault waits for a target
 FAULTS = PROCESS_FAULTS + S3_FAULTS
 KUBE_FAULTS = ("kube_500", "kube_drop")  # benchmarks/chaos_kube.py
 # A SIGKILLed scheduler takes its LocalExecutor workers, so a running try, with it. The next
@@ -134,7 +138,7 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
         deadline=timedelta(seconds={deadline_s}),
         changeover=timedelta(seconds=1),
         policy="deadline_aware",
-        max_failures=2,
+        max_failures={max_failures},
         backend=LocalBackend(trace="bundled:cant-be-late/us-west-2a_v100_1/3.json", time_scale={scale},
                              offset={offset}, work_dir={root!r} + "/runs",
                              notice_s=0.2, grace_s=2.0, extra_env={s3_env!r}),
@@ -446,6 +450,7 @@ def one_run(
     )
     plan = sorted(rng.uniform(8, deadline_s * 0.6) for _ in range(args.faults_per_run))
     kinds_plan = [rng.choice(PROCESS_FAULTS) for _ in plan]
+    due: list[tuple[str, float]] = []  # process faults whose time came, not yet hit
     s3_thread.start()
     try:
         while True:
@@ -453,20 +458,25 @@ def one_run(
             if state in ("success", "failed") or time.time() - start > deadline_s * 3:
                 break
             if plan and time.time() - start >= plan[0]:
-                plan.pop(0)
-                kind = kinds_plan.pop(0)
+                due.append((kinds_plan.pop(0), plan.pop(0)))
+            for kind, planned in list(due):
                 at = time.time() - start
                 if kind == "kill_mid_checkpoint":
                     hit = kill_mid_checkpoint(s3, run_dir, safe, rng)
                 else:
                     hit = inject(dep, kind, run_dir)
+                if not hit and at < deadline_s * RETRY_UNTIL:
+                    continue  # nothing to hit yet (nothing trains, no write): the next second
+                due.remove((kind, planned))
                 kinds[kind] += bool(hit)
                 notes.append(
                     f"{kind}@{at:.0f}s"
+                    + (f" (planned @{planned:.0f}s)" if at - planned >= 2 else "")
                     + (f" ({hit})" if isinstance(hit, str) else "")
                     + ("" if hit else " missed")
                 )
             time.sleep(1.0)
+        notes.extend(f"{kind}@{planned:.0f}s missed (the run ended)" for kind, planned in due)
     finally:
         end.set()
         s3_thread.join(30)
@@ -518,6 +528,9 @@ def main() -> None:
             bucket=BUCKET,
             root=str(root),
             deadline_s=deadline_of(args.steps),
+            # a SIGKILLed trainer is an application failure by design (the OOM killer's
+            # signal): the default budget of 2, plus one for each process fault a run draws
+            max_failures=2 + args.faults_per_run,
             offset=rng.randrange(0, 200),
             scale=SCALE,
             s3_env=s3.env(),

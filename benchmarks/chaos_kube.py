@@ -38,7 +38,6 @@ import contextlib
 import importlib.util
 import json
 import random
-import ssl
 import sys
 import tempfile
 import threading
@@ -52,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests" / "deployment"))
 import conftest as deploy  # noqa: E402  (the deployment the tests start)
 
 from airflow_spot.simulate.traces import load_trace  # noqa: E402
-from airflow_spot.testing_faults import KUBERNETES_ANSWERS, FaultProxy, Mode  # noqa: E402
+from airflow_spot.testing_faults import FaultProxy, Mode, kube_fault_proxy  # noqa: E402
 
 DAG_ID = "spot_chaos_k8s"
 NS = "ml-training"
@@ -113,23 +112,6 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
         retry_delay=timedelta(seconds=2),
     )
 """
-
-
-def kube_fault_proxy(upstream: str, ca: Path, cert: Path, key: Path) -> FaultProxy:
-    """:class:`~airflow_spot.testing_faults.FaultProxy` in front of the API server at
-    ``upstream``: TLS terminated with the server's own certificate (the kubeconfig's CA
-    trusts it), re-encrypted towards the server, Kubernetes ``Status`` answers."""
-    host, port = upstream.removeprefix("https://").rsplit(":", 1)
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(cafile=str(ca))
-    return FaultProxy(
-        (host, int(port)),
-        answers=KUBERNETES_ANSWERS,
-        server_ssl=server,
-        upstream_ssl=client,
-        timeout=30.0,
-    )
 
 
 def _load(name: str, path: Path) -> Any:

@@ -53,6 +53,8 @@ from airflow_spot.backends.kubernetes.podread import (
     wall_time,
 )
 from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE
+from airflow_spot.backends.kubernetes.retry import created_by_us
+from airflow_spot.backends.kubernetes.retry import install as install_retries
 from airflow_spot.backends.kubernetes.template import load_pod_template
 from airflow_spot.backends.signals import SpotSignal
 from airflow_spot.checkpoint.training import (
@@ -193,12 +195,14 @@ class KubernetesBackend:
             in_cluster=self.in_cluster,
         )
         try:
-            return hook.core_v1_client
+            client = hook.core_v1_client
         except Exception as e:
             error = settings_error(self, e)  # the setting named, not the client's traceback
             if error is None:
                 raise
             raise error from e
+        install_retries(client.api_client)  # transient API failures, retried (retry.py)
+        return client
 
     # -- attempts ---------------------------------------------------------------------------
     @reaching_server
@@ -266,18 +270,21 @@ class KubernetesBackend:
 
         # the launch time to the microsecond (creationTimestamp has whole seconds): a try that
         # adopts an unrecorded attempt tells this job's from an earlier one's by it
-        pod.metadata.annotations = {
-            **(pod.metadata.annotations or {}),
-            LAUNCHED_ANNOTATION: repr(time.time()),
-        }
+        stamp = repr(time.time())
+        pod.metadata.annotations = {**(pod.metadata.annotations or {}), LAUNCHED_ANNOTATION: stamp}
         if lease_until is not None:  # the container reads it through the downward API
             pod.metadata.annotations[LEASE_ANNOTATION] = repr(lease_until)
         try:
             self.api.create_namespaced_pod(self.namespace, pod)
         except ApiException as e:
-            raise BackendError(
-                f"could not create pod {name}: {e.status} {e.reason}{api_message(e)}"
-            ) from e
+            if e.status == 409 and created_by_us(
+                self._read_pod(name), name, LAUNCHED_ANNOTATION, stamp
+            ):
+                log.info("Pod %s was created; its answer was lost and the retry met it.", name)
+            else:
+                raise BackendError(
+                    f"could not create pod {name}: {e.status} {e.reason}{api_message(e)}"
+                ) from e
         now = time.time()
         return AttemptHandle(
             launched_at=now,
@@ -667,6 +674,13 @@ class KubernetesBackend:
         try:
             self.api.create_namespaced_pod(self.namespace, body)
         except ApiException as e:
+            if e.status == 409:  # the name is this probe's alone: a retry met what it made
+                return {
+                    "namespace": self.namespace,
+                    "name": name,
+                    "pool": pool,
+                    "created_at": created,
+                }
             raise BackendError(
                 f"could not create probe pod {name}: {e.status} {e.reason} (a probe needs the "
                 f"PriorityClass {body['spec']['priorityClassName']!r}: let the worker create "
