@@ -32,8 +32,9 @@ and ``--s3-windows`` S3 fault windows of 1 to 6 s each (every new request meets 
 A fault counts once it hit something: a live training process, a held write, at least one
 request in its window. A training fault whose time comes while nothing trains (or nothing
 writes a checkpoint) waits: it is tried again each second until it hits or until
-``RETRY_UNTIL`` of the deadline has passed, so that the kills land on training rather than
-on the gaps between attempts. For each run it reads the XCom summary, the attempts' folders and the
+``RETRY_UNTIL`` of the deadline (the end of the window fault times are drawn from) has
+passed, so that the kills land on training rather than on the gaps between attempts; the
+other faults due are injected first, at their time. For each run it reads the XCom summary, the attempts' folders and the
 bucket (directly, not through the proxy), and counts:
 
 * ``misses``: a failed run, or its deadline missed (also a run the retries did not absorb);
@@ -98,7 +99,12 @@ PROCESS_FAULTS = (
     "restart_api_server",
 )
 S3_FAULTS = ("s3_500", "s3_throttle", "s3_drop")
-RETRY_UNTIL = 0.8  # share of the deadline until which a training fault waits for a target
+TRAINING_FAULTS = ("kill_training", "kill_mid_checkpoint")
+# a training fault that finds nothing to hit is tried again each second until this share of
+# the deadline: the end of the window its time is drawn from (no fault lands later than one
+# could be drawn)
+RETRY_UNTIL = 0.6
+HOLD_WAIT_S = 5.0  # how long one try of kill_mid_checkpoint waits for a checkpoint write
 FAULTS = PROCESS_FAULTS + S3_FAULTS
 KUBE_FAULTS = ("kube_500", "kube_drop")  # benchmarks/chaos_kube.py
 # A SIGKILLed scheduler takes its LocalExecutor workers, so a running try, with it. The next
@@ -256,7 +262,7 @@ def inject(dep: deploy.AirflowDeployment, kind: str, run_dir: Path) -> bool:
 
 def kill_mid_checkpoint(s3: S3, run_dir: Path, safe: str, rng: random.Random) -> str | None:
     """SIGKILL the training process while the proxy holds its PUT of a checkpoint object; what
-    was hit (None if nothing: no trainer wrote within 20 s)."""
+    was hit (None if nothing: no trainer wrote within ``HOLD_WAIT_S``)."""
     import psutil
 
     manifest = rng.random() < 0.5
@@ -270,7 +276,7 @@ def kill_mid_checkpoint(s3: S3, run_dir: Path, safe: str, rng: random.Random) ->
         )
 
     held = s3.proxy.hold(writes)
-    req = held.wait(20.0)
+    req = held.wait(HOLD_WAIT_S)
     if req is None:
         held.release()  # nothing held (one arriving now goes on as usual)
         return None
@@ -448,7 +454,7 @@ def one_run(
         args=(s3, plan_windows(rng, args.s3_windows), run_dir, start, end, windows),
         daemon=True,
     )
-    plan = sorted(rng.uniform(8, deadline_s * 0.6) for _ in range(args.faults_per_run))
+    plan = sorted(rng.uniform(8, deadline_s * RETRY_UNTIL) for _ in range(args.faults_per_run))
     kinds_plan = [rng.choice(PROCESS_FAULTS) for _ in plan]
     due: list[tuple[str, float]] = []  # process faults whose time came, not yet hit
     s3_thread.start()
@@ -459,7 +465,8 @@ def one_run(
                 break
             if plan and time.time() - start >= plan[0]:
                 due.append((kinds_plan.pop(0), plan.pop(0)))
-            for kind, planned in list(due):
+            # the others first: a training fault's try may wait for a write (HOLD_WAIT_S)
+            for kind, planned in sorted(due, key=lambda f: f[0] in TRAINING_FAULTS):
                 at = time.time() - start
                 if kind == "kill_mid_checkpoint":
                     hit = kill_mid_checkpoint(s3, run_dir, safe, rng)
