@@ -34,8 +34,9 @@ request in its window. A training fault whose time comes while nothing trains (o
 writes a checkpoint) waits: it is tried again each second until it hits or until
 ``RETRY_UNTIL`` of the deadline (the end of the window fault times are drawn from) has
 passed, so that the kills land on training rather than on the gaps between attempts; the
-other faults due are injected first, at their time. For each run it reads the XCom summary, the attempts' folders and the
-bucket (directly, not through the proxy), and counts:
+other faults due are injected first, at their time. For each run it reads the XCom
+summary, the attempts' folders and the bucket (directly, not through the proxy), and
+counts:
 
 * ``misses``: a failed run, or its deadline missed (also a run the retries did not absorb);
 * ``lost``: an attempt that lost more than one checkpoint interval: by the operator's ledger

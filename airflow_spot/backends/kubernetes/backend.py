@@ -674,18 +674,12 @@ class KubernetesBackend:
         try:
             self.api.create_namespaced_pod(self.namespace, body)
         except ApiException as e:
-            if e.status == 409:  # the name is this probe's alone: a retry met what it made
-                return {
-                    "namespace": self.namespace,
-                    "name": name,
-                    "pool": pool,
-                    "created_at": created,
-                }
-            raise BackendError(
-                f"could not create probe pod {name}: {e.status} {e.reason} (a probe needs the "
-                f"PriorityClass {body['spec']['priorityClassName']!r}: let the worker create "
-                "priorityclasses, or create it once from probe.build_priority_class())"
-            ) from e
+            if e.status != 409:  # 409: the name is this probe's alone, a retry met what it made
+                raise BackendError(
+                    f"could not create probe pod {name}: {e.status} {e.reason} (a probe needs "
+                    f"the PriorityClass {body['spec']['priorityClassName']!r}: let the worker "
+                    "create priorityclasses, or create it once from probe.build_priority_class())"
+                ) from e
         return {"namespace": self.namespace, "name": name, "pool": pool, "created_at": created}
 
     def probe_signal(self, probe: dict[str, Any], now: float) -> SpotSignal | None:

@@ -37,6 +37,7 @@ DEFAULT_RETRY_S = 30.0
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 FIRST_DELAY_S = 0.2
 MAX_DELAY_S = 2.0
+MAX_RETRY_AFTER_S = 10.0  # the longest server-asked wait (Retry-After) honoured
 
 
 def retry_s() -> float:
@@ -105,7 +106,7 @@ def install(
         while True:
             try:
                 out = call(*args, **kwargs)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - re-raised unless transient
                 if isinstance(e, ApiException):
                     reached[0] = True
                 if not transient(e) or (never_connected(e) and not reached[0]):
@@ -113,7 +114,7 @@ def install(
                 now = clock()
                 if give_up is None:
                     give_up = now + retry_s()
-                wait = max(delay, min(_retry_after(e) or 0.0, MAX_DELAY_S * 5))
+                wait = max(delay, min(_retry_after(e) or 0.0, MAX_RETRY_AFTER_S))
                 if now + wait > give_up:
                     raise
                 what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else type(e).__name__
@@ -127,9 +128,9 @@ def install(
                 )
                 sleep(wait)
                 delay = min(delay * 2, MAX_DELAY_S)
-                continue
-            reached[0] = True
-            return out
+            else:
+                reached[0] = True
+                return out
 
     call_api.airflow_spot_retry = True  # type: ignore[attr-defined]
     api_client.call_api = call_api
