@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import lru_cache
 from typing import ClassVar
 
 from airflow_spot.exceptions import UnknownPolicy
@@ -41,8 +40,11 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     """Override ``choice`` with on-demand when the deadline would otherwise be at risk."""
     if choice.capacity is Capacity.ON_DEMAND:
         return choice
-    left = ticks_left(job, obs)
-    if ticks_needed(job, obs) < left:
+    # ticks_needed(job, obs) < ticks_left(job, obs), inlined: a replay asks this at every look
+    tick, now, done = job.tick_s, obs.now, obs.done_s
+    if math.ceil((job.work_s - done + job.changeover_s) / tick) < math.floor(
+        (job.deadline_s - now) / tick
+    ):
         return choice
     if (
         obs.capacity is Capacity.SPOT
@@ -130,12 +132,19 @@ def exact(job: JobSpec, obs: Observation) -> bool:
     )
 
 
-@lru_cache(maxsize=64)
+_last_job: tuple[JobSpec | None, bool] = (None, False)  # _exact_job's last job and answer
+
+
 def _exact_job(job: JobSpec) -> bool:
-    return all(
-        0.0 <= v < _WHOLE and float(v).is_integer()
-        for v in (job.work_s, job.deadline_s, job.changeover_s, job.tick_s)
-    )
+    global _last_job
+    last, answer = _last_job
+    if last is not job:  # a replay asks for one job thousands of times in a row
+        answer = all(
+            0.0 <= v < _WHOLE and float(v).is_integer()
+            for v in (job.work_s, job.deadline_s, job.changeover_s, job.tick_s)
+        )
+        _last_job = (job, answer)  # one assignment: a thread never sees half of it
+    return answer
 
 
 _REGISTRY: dict[str, Callable[[], Policy]] = {}

@@ -55,6 +55,7 @@ from airflow_spot.exceptions import ConfigError, finite_number
 from airflow_spot.ledger import Ledger, Phase, Segment
 from airflow_spot.policy import Capacity, Decision, JobSpec, Observation, Policy
 from airflow_spot.policy.base import EPS
+from airflow_spot.policy.model import HOUR
 from airflow_spot.simulate.traces import Trace
 
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
@@ -263,6 +264,7 @@ def replay(
     observe: str = "cluster",
     probe_hold_s: float | None = None,
     fast: bool | None = None,
+    keep_ledger: bool = True,
 ) -> RunResult:
     """Replay ``policy`` on ``trace`` for ``job``; ticks are the trace's ``gap_s``.
 
@@ -270,12 +272,21 @@ def replay(
     the module's notes; ``"cluster-bbm"``: the cluster's view with break-before-make returns,
     an ablation). ``probe_hold_s``: how long capacity a probe found and the job did not
     use is billed (default: the job's changeover). ``fast``: fast-forward steady stretches
-    where the policy offers a hint (default :data:`FAST`; off, every look is taken)."""
+    where the policy offers a hint (default :data:`FAST`; off, every look is taken).
+    ``keep_ledger=False``: the result's figures without its ledger (``ledger`` is ``None``;
+    the figures are the same to the last bit), as a sweep, which reads only rows, asks."""
     check_replay_options(observe, probe_hold_s)
     steady = getattr(policy, "steady", None) if (FAST if fast is None else fast) else None
     if observe != "oracle":
         return _replay_cluster(
-            policy, trace, job, use_trace_prices, probe_hold_s, steady, observe == "cluster"
+            policy,
+            trace,
+            job,
+            use_trace_prices,
+            probe_hold_s,
+            steady,
+            observe == "cluster",
+            keep_ledger,
         )
     gap = trace.gap_s
     if abs(job.tick_s - gap) > 1e-9:
@@ -284,8 +295,8 @@ def replay(
     n = len(avail)
     spot_prices = trace.prices.tolist() if (use_trace_prices and trace.prices is not None) else None
     work, deadline, d = job.work_s, job.deadline_s, job.changeover_s
-    ledger = Ledger(work, deadline, job.on_demand_price)
-    seg = _SegmentBuilder(ledger)
+    ledger, totals, emit = _sink(job, keep_ledger)
+    seg = _SegmentBuilder(emit)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     work_on = {SPOT: 0.0, OD: 0.0}
     runs, down = SpotRuns(), 0.0
@@ -367,8 +378,10 @@ def replay(
                 runs.seen_at = t * gap
         cur = req
         t += 1
-    ledger.finished_s = t * gap if met else None
-    return _result(trace, policy, job, ledger, met, t * gap, work_on, preemptions, "oracle", 0.0)
+    (ledger or totals).finished_s = t * gap if met else None
+    return _result(
+        trace, policy, job, ledger, totals, met, t * gap, work_on, preemptions, "oracle", 0.0
+    )
 
 
 def _replay_cluster(
@@ -379,6 +392,7 @@ def _replay_cluster(
     probe_hold_s: float | None,
     steady: Callable[[JobSpec, Observation, Decision], int] | None = None,
     make_before_break: bool = True,
+    keep_ledger: bool = True,
 ) -> RunResult:
     """:func:`replay` under ``observe="cluster"`` (the rules are in the module's notes);
     ``make_before_break=False`` (``observe="cluster-bbm"``, an ablation for the benchmarks):
@@ -392,8 +406,8 @@ def _replay_cluster(
     work, deadline, d = job.work_s, job.deadline_s, job.changeover_s
     hold = d if probe_hold_s is None else probe_hold_s
     od_price = job.on_demand_price
-    ledger = Ledger(work, deadline, od_price)
-    seg, ovl = _SegmentBuilder(ledger), _SegmentBuilder(ledger, overlap=True)
+    ledger, totals, emit = _sink(job, keep_ledger)
+    seg, ovl = _SegmentBuilder(emit), _SegmentBuilder(emit, overlap=True)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     overlap = False  # on-demand trains on while the spot launch (cur) pays its changeover
     looking = ""  # what waits since the last look: "", "request" or "probe"
@@ -476,7 +490,7 @@ def _replay_cluster(
         elif req is not SPOT:
             if found:
                 price = spot_prices[min(t, n - 1)] if spot_prices else job.spot_price
-                ledger.add(Segment(SPOT, Phase.PROBE, now, now + hold, done, done, price))
+                emit(SPOT, Phase.PROBE, now, now + hold, done, done, price)
             if req is not cur:
                 if overlap and req is OD:  # the return is called off; on-demand goes on
                     seg.close("cancelled")
@@ -530,19 +544,30 @@ def _replay_cluster(
                     runs.seen_at = t * gap
         watched, was_down = seen, seen and not has
         t += 1
-    ledger.finished_s = t * gap if met else None
-    ledger.probes = probes
+    sink = ledger or totals
+    sink.finished_s = t * gap if met else None
+    sink.probes = probes
     observe = "cluster" if make_before_break else "cluster-bbm"
     return _result(
-        trace, policy, job, ledger, met, t * gap, work_on, preemptions, observe, overlap_s
+        trace, policy, job, ledger, totals, met, t * gap, work_on, preemptions, observe, overlap_s
     )
+
+
+def _sink(job: JobSpec, keep_ledger: bool) -> tuple[Ledger | None, _Totals | None, Callable]:
+    """Where a replay's segments go: ``(ledger, None, its add)`` or ``(None, totals, ...)``."""
+    if keep_ledger:
+        ledger = Ledger(job.work_s, job.deadline_s, job.on_demand_price)
+        return ledger, None, _ledger_sink(ledger)
+    totals = _Totals()
+    return None, totals, totals.segment
 
 
 def _result(
     trace: Trace,
     policy: Policy,
     job: JobSpec,
-    ledger: Ledger,
+    ledger: Ledger | None,
+    totals: _Totals | None,
     met: bool,
     end_s: float,
     work_on: dict[Capacity, float],
@@ -550,25 +575,31 @@ def _result(
     observe: str,
     overlap_s: float,
 ) -> RunResult:
-    """The figures of one replay, from its ledger (both observation models)."""
+    """The figures of one replay, from its ledger or its totals (both observation models)."""
+    if ledger is not None:  # one pass over the segments, summed as Ledger's properties sum
+        totals = _Totals()
+        for sg in ledger.segments:
+            totals.segment(sg.capacity, sg.phase, sg.start_s, sg.end_s, 0.0, 0.0, sg.price_per_h)
+        totals.probes = ledger.probes
+    assert totals is not None
     return RunResult(
         trace=trace.name,
         policy=policy.name,
         deadline_h=job.deadline_s / 3600.0,
         changeover_h=job.changeover_s / 3600.0,
-        cost=ledger.cost,
+        cost=totals.cost,
         met=met,
-        spot_hours=ledger.hours(SPOT) - ledger.hours(SPOT, Phase.PROBE),
-        on_demand_hours=ledger.hours(OD),
+        spot_hours=totals.spot_h - totals.spot_probe_h,
+        on_demand_hours=totals.od_h,
         spot_work_hours=work_on[SPOT] / 3600.0,
         on_demand_work_hours=work_on[OD] / 3600.0,
         preemptions=preemptions,
         finished_h=end_s / 3600.0,
-        on_demand_cost=ledger.on_demand_cost,
+        on_demand_cost=job.work_s / HOUR * job.on_demand_price,
         ledger=ledger,
         observe=observe,
-        probes=ledger.probes,
-        probe_cost=ledger.probe_cost,
+        probes=totals.probes,
+        probe_cost=totals.probe_cost,
         overlap_hours=overlap_s / 3600.0,
     )
 
@@ -653,16 +684,80 @@ def _advance(
     return m, done, won, down
 
 
+class _Totals:
+    """The figures a :class:`Ledger` gives a :class:`RunResult`, summed segment by segment in
+    the order the ledger would hold them (so equal to the last bit) without keeping the
+    segments: what a sweep, which reads only the rows, needs."""
+
+    __slots__ = ("cost", "spot_h", "spot_probe_h", "od_h", "probe_cost", "finished_s", "probes")
+
+    def __init__(self) -> None:
+        self.cost = self.spot_h = self.spot_probe_h = self.od_h = self.probe_cost = 0
+        self.finished_s: float | None = None
+        self.probes = 0
+
+    def segment(
+        self,
+        cap: Capacity,
+        phase: Phase,
+        start: float,
+        end: float,
+        p0: float,
+        p1: float,
+        price: float,
+        ended_by: str = "",
+        overlap: bool = False,
+    ) -> None:
+        """As ``Ledger.add(Segment(...))``, with ``Segment.hours`` and ``Segment.cost``."""
+        if end < start:
+            raise ValueError(f"segment ends ({end}) before it starts ({start})")
+        if end == start:
+            return
+        hours = (end - start) / HOUR
+        cost = 0.0 if phase is Phase.IDLE or cap is NONE else hours * price
+        self.cost += cost
+        if cap is SPOT:
+            self.spot_h += hours
+            if phase is Phase.PROBE:
+                self.spot_probe_h += hours
+        elif cap is OD:
+            self.od_h += hours
+        if phase is Phase.PROBE:
+            self.probe_cost += cost
+
+
+def _ledger_sink(ledger: Ledger) -> Callable[..., None]:
+    """``segment(...)`` for a kept ledger: a :class:`Segment` added to ``ledger``."""
+    add = ledger.add
+
+    def segment(
+        cap: Capacity,
+        phase: Phase,
+        start: float,
+        end: float,
+        p0: float,
+        p1: float,
+        price: float,
+        ended_by: str = "",
+        overlap: bool = False,
+    ) -> None:
+        add(Segment(cap, phase, start, end, p0, p1, price, ended_by=ended_by, overlap=overlap))
+
+    return segment
+
+
 class _SegmentBuilder:
-    """Merges consecutive ticks of the same capacity, phase and price into segments."""
+    """Merges consecutive ticks of the same capacity, phase and price into segments, handed
+    to ``emit`` (a ledger's or a :class:`_Totals`'s ``segment``) as each closes."""
 
-    __slots__ = ("ledger", "key", "start", "end", "p0", "p1", "overlap")
+    __slots__ = ("emit", "cap", "phase", "price", "start", "end", "p0", "p1", "overlap")
 
-    def __init__(self, ledger: Ledger, overlap: bool = False) -> None:
-        self.ledger = ledger
+    def __init__(self, emit: Callable[..., None], overlap: bool = False) -> None:
+        self.emit = emit
         self.overlap = overlap
-        self.key: tuple | None = None
-        self.start = self.end = self.p0 = self.p1 = 0.0
+        self.cap: Capacity | None = None  # None: no segment open
+        self.phase = Phase.IDLE
+        self.price = self.start = self.end = self.p0 = self.p1 = 0.0
 
     def tick(
         self,
@@ -675,32 +770,45 @@ class _SegmentBuilder:
         price: float,
     ) -> None:
         if launching > 0:
-            self._extend((cap, Phase.LAUNCHING, price), t0, t0 + launching, p0, p0)
+            self._extend(cap, Phase.LAUNCHING, price, t0, t0 + launching, p0, p0)
         if launching < gap:
             phase = Phase.IDLE if cap is NONE else Phase.RUNNING
-            self._extend((cap, phase, price), t0 + launching, t0 + gap, p0, p1)
+            t1 = t0 + launching
+            if (
+                self.cap is cap
+                and self.phase is phase
+                and self.price == price
+                and abs(t1 - self.end) <= 1e-9
+            ):
+                self.end, self.p1 = t0 + gap, p1
+            else:
+                self._extend(cap, phase, price, t1, t0 + gap, p0, p1)
 
-    def _extend(self, key: tuple, t0: float, t1: float, p0: float, p1: float) -> None:
-        if key != self.key or abs(t0 - self.end) > 1e-9:
+    def _extend(
+        self, cap: Capacity, phase: Phase, price: float, t0: float, t1: float, p0: float, p1: float
+    ) -> None:
+        if (
+            cap is not self.cap
+            or phase is not self.phase
+            or price != self.price
+            or abs(t0 - self.end) > 1e-9
+        ):
             self.close("")
-            self.key, self.start, self.p0 = key, t0, p0
+            self.cap, self.phase, self.price, self.start, self.p0 = cap, phase, price, t0, p0
         self.end, self.p1 = t1, p1
 
     def close(self, ended_by: str) -> None:
-        if self.key is None:
+        if self.cap is None:
             return
-        cap, phase, price = self.key
-        self.ledger.add(
-            Segment(
-                cap,
-                phase,
-                self.start,
-                self.end,
-                self.p0,
-                self.p1,
-                price,
-                ended_by=ended_by,
-                overlap=self.overlap,
-            )
+        self.emit(
+            self.cap,
+            self.phase,
+            self.start,
+            self.end,
+            self.p0,
+            self.p1,
+            self.price,
+            ended_by,
+            self.overlap,
         )
-        self.key = None
+        self.cap = None

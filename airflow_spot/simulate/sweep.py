@@ -60,7 +60,13 @@ def _run_online(args: tuple) -> list[dict]:
     job = setting.job(traces[0].gap_s)
     rows = [
         replay(
-            policy, tr, job, use_trace_prices=use_prices, observe=observe, probe_hold_s=hold
+            policy,
+            tr,
+            job,
+            use_trace_prices=use_prices,
+            observe=observe,
+            probe_hold_s=hold,
+            keep_ledger=False,
         ).row()
         for tr in traces
     ]
