@@ -108,6 +108,18 @@ class Policy:
         """
         return 0
 
+    def blind(self, job: JobSpec, obs: Observation, decision: Decision) -> bool:
+        """A replay's second hint (never called by the operator), asked with a :meth:`steady`
+        hint ``k > 0`` while on-demand runs: whether those ``k`` looks keep their decision
+        *whatever spot does in them*. Then the ``j``-th following look sees ``obs`` as
+        :meth:`steady` says, except that everything about spot (``spot_available``,
+        ``spot_age_s``, ``spot_down_s``, ``last_up_s``, ``last_down_s``, ``spot_seen``,
+        ``spot_source``, ``spot_unseen_s``) may have changed, and the replay jumps over
+        changes of spot's state too. True only for a decision that reads nothing of spot
+        (on-demand for good, say). The default, False, promises nothing.
+        """
+        return False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

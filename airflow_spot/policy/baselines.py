@@ -29,6 +29,8 @@ outcome; while idle, only the intervals left fall, and the Uniform Progress line
 
 from __future__ import annotations
 
+import math
+
 from airflow_spot.policy.base import (
     ALWAYS,
     EPS,
@@ -72,6 +74,9 @@ class OnDemand(Policy):
             return 0
         return ALWAYS  # on-demand at every look
 
+    def blind(self, job: JobSpec, obs: Observation, decision: Decision) -> bool:
+        return own_rules(self, OnDemand)  # never reads spot
+
 
 @register
 class Greedy(Policy):
@@ -80,7 +85,7 @@ class Greedy(Policy):
     name = "greedy"
 
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
-        if ticks_needed(job, obs, 2) >= ticks_left(job, obs):
+        if _slack_gone(job, obs):
             if obs.capacity is Capacity.SPOT and obs.spot_available is not False:
                 return STAY_SPOT
             return _safety_od(job, obs)  # (a spot request still waiting while spot is down too)
@@ -98,6 +103,11 @@ class Greedy(Policy):
         # running on spot (spot_up / stay_spot) or on-demand (safety): the comparisons that
         # chose it keep their outcome while work left and intervals left fall together
         return ALWAYS
+
+    def blind(self, job: JobSpec, obs: Observation, decision: Decision) -> bool:
+        # on on-demand the slack is gone for good (only the "safety" rules lead there), and
+        # with the slack gone, on-demand held stays on-demand whatever spot does
+        return own_rules(self, Greedy) and obs.capacity is Capacity.ON_DEMAND
 
 
 @register
@@ -129,7 +139,7 @@ class UniformProgress(Policy):
                     ((ahead_line - line) / HOUR,),
                     look=would_return,
                 )
-        if obs.capacity is not Capacity.SPOT and ticks_needed(job, obs, 2) >= ticks_left(job, obs):
+        if obs.capacity is not Capacity.SPOT and _slack_gone(job, obs):
             choice = _safety_od(job, obs)
         return choice
 
@@ -155,6 +165,16 @@ class UniformProgress(Policy):
         if decision.look or r == w:
             return ALWAYS  # past it (and staying past), or the line keeps pace
         return ((now + 2 * d) * w - done * r) // (g * (r - w))  # looks still behind it
+
+    def blind(self, job: JobSpec, obs: Observation, decision: Decision) -> bool:
+        # on on-demand, "safety" (the slack gone for good) and "hysteresis" while still behind
+        # the line two changeovers ahead (``look`` unset) do not read spot: spot up or down,
+        # up or unseen, they stay on on-demand; past that line, spot up means a return
+        return (
+            own_rules(self, UniformProgress)
+            and obs.capacity is Capacity.ON_DEMAND
+            and (decision.rule == "safety" or (decision.rule == "hysteresis" and not decision.look))
+        )
 
 
 @register
@@ -184,6 +204,20 @@ class LastAttemptOnDemand(Policy):
                 return 0
             return ticks_left(job, obs) - ticks_needed(job, obs) - 1
         return ALWAYS  # the safety net's on-demand: work and intervals left fall together
+
+    def blind(self, job: JobSpec, obs: Observation, decision: Decision) -> bool:
+        # on on-demand: budget_spent reads only the preemptions; the safety net's on-demand
+        # stays whatever spot does (work and intervals left fall together)
+        return own_rules(self, LastAttemptOnDemand) and obs.capacity is Capacity.ON_DEMAND
+
+
+def _slack_gone(job: JobSpec, obs: Observation) -> bool:
+    """``ticks_needed(job, obs, 2) >= ticks_left(job, obs)``: the work plus two changeovers
+    no longer fits in the intervals left (inlined: a replay asks at every look)."""
+    tick = job.tick_s
+    return math.ceil((job.work_s - obs.done_s + 2 * job.changeover_s) / tick) >= math.floor(
+        (job.deadline_s - obs.now) / tick
+    )
 
 
 def _held(obs: Observation, decision: Decision) -> bool:

@@ -277,6 +277,7 @@ def replay(
     the figures are the same to the last bit), as a sweep, which reads only rows, asks."""
     check_replay_options(observe, probe_hold_s)
     steady = getattr(policy, "steady", None) if (FAST if fast is None else fast) else None
+    blind = getattr(policy, "blind", None) if steady is not None else None
     if observe != "oracle":
         return _replay_cluster(
             policy,
@@ -299,16 +300,25 @@ def replay(
     seg = _SegmentBuilder(emit)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     work_on = {SPOT: 0.0, OD: 0.0}
-    runs, down = SpotRuns(), 0.0
-    runs.source = "market"
+    down = 0.0
+    # what SpotRuns.see keeps, every look watched (inlined: the replay's hottest lines)
+    up: bool | None = None
+    since = 0.0
+    last_run: dict[bool, float | None] = {True: None, False: None}
     if steady is not None:
         flips, tlast = _flips(trace), _last_tick(deadline, gap)
+        flips.append(1 << 62)
+        fi = 0  # flips[fi]: the first change of spot's state after t (t only grows)
+        downs: list[int] | None = None  # downs[i]: ticks of avail[:i] with spot down
     t = 0
     met = False
     while True:
         now = t * gap
         has = avail[t] if t < n else False
-        runs.see(now, has)
+        if has != up:
+            if up is not None and since > 0:
+                last_run[up] = now - since
+            up, since = has, now
         if t > 0 and (t > n or not avail[t - 1]):
             down += gap
         last = cur
@@ -341,41 +351,70 @@ def replay(
         if now >= deadline:
             seg.close("deadline")
             break
-        obs = runs.observation(now, done, cur, has, rro, preemptions, down)
+        obs = _observation(
+            now,
+            done,
+            cur,
+            has,
+            rro,
+            preemptions,
+            now - since,
+            down,
+            last_run[True],
+            last_run[False],
+            0.0,
+            has,
+            "market",
+            False,
+        )
         decision = policy.decide(job, obs)
         req = decision.capacity
+        k = 0  # looks the policy is certain of (its steady hint), where it is asked
+        jump = False  # over changes of spot's state too (the policy's blind hint)
         if req is not cur:
             if req is not NONE:
                 rro = d
             if cur is not NONE:
                 seg.close("switched")
-        elif (
-            steady is not None
-            and (cur is NONE or rro == 0.0)
-            and not (spot_prices and cur is SPOT)
-            and (m := min(tlast - t, _run_end(flips, t) - 1 - t)) > 0
-            and (k := steady(job, obs, decision)) > 0
-        ):
-            # the ticks t+1 .. t+m: spot as at t, the same decision at each look
+        elif steady is not None and (cur is NONE or rro == 0.0) and not (spot_prices and cur is SPOT):
+            while flips[fi] <= t:
+                fi += 1
+            m = min(tlast - t, flips[fi] - 1 - t)
+            on_demand = cur is OD and blind is not None
+            if m > 0 or (on_demand and tlast > t):
+                k = steady(job, obs, decision)
+                if k > m and on_demand and blind(job, obs, decision):  # type: ignore[misc]
+                    m, jump = tlast - t, True
+        if k > 0:
+            # the ticks t+1 .. t+m: spot as at t (or, jumping, whatever it does: on-demand
+            # runs on), the same decision at each look
             m = min(k, m)
-            if m > 0:
-                m, done, won, down = _advance(
-                    seg,
-                    cur,
-                    t,
-                    m,
-                    gap,
-                    work,
-                    done,
-                    work_on[cur] if cur is not NONE else 0.0,
-                    down,
-                    not has,
-                    job.on_demand_price if cur is OD else job.spot_price,
-                )
-                if cur is not NONE:
-                    work_on[cur] = won
-                t += m
-                runs.seen_at = t * gap
+            m, done, won, down = _advance(
+                seg,
+                cur,
+                t,
+                m,
+                gap,
+                work,
+                done,
+                work_on[cur] if cur is not NONE else 0.0,
+                down,
+                not has and not jump,
+                job.on_demand_price if cur is OD else job.spot_price,
+            )
+            if cur is not NONE:
+                work_on[cur] = won
+            if jump and m > 0:  # what the looks skipped would have seen of spot
+                if downs is None:
+                    downs = _downs(avail)
+                down = _add_ticks(down, gap, _down_ticks(downs, t, t + m))
+                while flips[fi] <= t + m:
+                    f = flips[fi] * gap
+                    if since > 0:
+                        last_run[up] = f - since  # type: ignore[index]
+                    up, since = not up, f
+                    fi += 1
+            t += m
         cur = req
         t += 1
     (ledger or totals).finished_s = t * gap if met else None
@@ -610,6 +649,30 @@ def _flips(trace: Trace) -> list[int]:
     a = np.asarray(trace.available, dtype=bool)
     ext = np.concatenate([a, [False]])
     return (np.flatnonzero(ext[1:] != ext[:-1]) + 1).tolist()
+
+
+def _downs(avail: list[bool]) -> list[int]:
+    """``downs[i]``: how many of the first ``i`` ticks have spot down."""
+    return [0, *np.cumsum(~np.asarray(avail, dtype=bool)).tolist()]
+
+
+def _down_ticks(downs: list[int], t: int, u: int) -> int:
+    """How many of the ticks ``t .. u-1`` have spot down (after the trace, all)."""
+    n = len(downs) - 1
+
+    def before(x: int) -> int:
+        return downs[x] if x <= n else downs[n] + x - n
+
+    return before(u) - before(t)
+
+
+def _add_ticks(total: float, gap: float, count: int) -> float:
+    """``total`` with ``gap`` added ``count`` times, as the per-tick loop adds it."""
+    if gap.is_integer() and total.is_integer() and total + (count + 1) * gap < _EXACT:
+        return total + count * gap  # whole seconds: every partial sum is exact
+    for _ in range(count):
+        total += gap
+    return total
 
 
 def _run_end(flips: list[int], t: int) -> int:
