@@ -299,7 +299,7 @@ def replay(
     ledger, totals, emit = _sink(job, keep_ledger)
     seg = _SegmentBuilder(emit)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
-    work_on = {SPOT: 0.0, OD: 0.0}
+    work_on = [0.0, 0.0]  # work done on spot, on on-demand: work_on[cap is OD]
     down = 0.0
     # what SpotRuns.see keeps, every look watched (inlined: the replay's hottest lines)
     up: bool | None = None
@@ -331,7 +331,7 @@ def replay(
             if w > work - done:
                 w = work - done
             done += w
-            work_on[last] += w
+            work_on[last is OD] += w
             price = (
                 job.on_demand_price
                 if last is OD
@@ -397,13 +397,13 @@ def replay(
                 gap,
                 work,
                 done,
-                work_on[cur] if cur is not NONE else 0.0,
+                work_on[cur is OD] if cur is not NONE else 0.0,
                 down,
                 not has and not jump,
                 job.on_demand_price if cur is OD else job.spot_price,
             )
             if cur is not NONE:
-                work_on[cur] = won
+                work_on[cur is OD] = won
             if jump and m > 0:  # what the looks skipped would have seen of spot
                 if downs is None:
                     downs = _downs(avail)
@@ -451,7 +451,7 @@ def _replay_cluster(
     overlap = False  # on-demand trains on while the spot launch (cur) pays its changeover
     looking = ""  # what waits since the last look: "", "request" or "probe"
     probes, overlap_s = 0, 0.0
-    work_on = {SPOT: 0.0, OD: 0.0}
+    work_on = [0.0, 0.0]  # work done on spot, on on-demand: work_on[cap is OD]
     runs, down = SpotRuns(), 0.0
     watched = was_down = False
     if steady is not None:
@@ -478,7 +478,7 @@ def _replay_cluster(
                 wo = launching if launching < work - done else work - done
                 ovl.tick(OD, now - gap, 0.0, launching, done, done + wo, od_price)
                 done += wo
-                work_on[OD] += wo
+                work_on[1] += wo
                 overlap_s += launching
                 if rro == 0.0:
                     overlap = False
@@ -486,7 +486,7 @@ def _replay_cluster(
             if w > work - done:
                 w = work - done
             done += w
-            work_on[last] += w
+            work_on[last is OD] += w
             price = (
                 od_price if last is OD else (spot_prices[t - 1] if spot_prices else job.spot_price)
             )
@@ -509,10 +509,41 @@ def _replay_cluster(
             seg.close("deadline")
             ovl.close("deadline")
             break
+        # runs.observation(...) or runs.unseen(...), inlined (the replay's hottest lines)
         if seen:
-            obs = runs.observation(now, done, cur, has, rro, preemptions, down, overlap)
+            obs = _observation(
+                now,
+                done,
+                cur,
+                has,
+                rro,
+                preemptions,
+                now - runs.since,
+                down,
+                runs.last[True],
+                runs.last[False],
+                0.0,
+                has,
+                runs.source,
+                overlap,
+            )
         else:
-            obs = runs.unseen(now, done, cur, rro, preemptions, down, overlap)
+            obs = _observation(
+                now,
+                done,
+                cur,
+                None,
+                rro,
+                preemptions,
+                runs.seen_at - runs.since,
+                down,
+                runs.last[True],
+                runs.last[False],
+                now - runs.seen_at,
+                runs.up,
+                runs.source,
+                overlap,
+            )
         decision = policy.decide(job, obs)
         req = decision.capacity
         held = cur
@@ -570,13 +601,13 @@ def _replay_cluster(
                     gap,
                     work,
                     done,
-                    work_on[cur] if cur is not NONE else 0.0,
+                    work_on[cur is OD] if cur is not NONE else 0.0,
                     down,
                     seen and not has,
                     od_price if cur is OD else job.spot_price,
                 )
                 if cur is not NONE:
-                    work_on[cur] = won
+                    work_on[cur is OD] = won
                 t += m
                 if seen:
                     runs.source = "attempt" if cur is SPOT else looking
@@ -609,7 +640,7 @@ def _result(
     totals: _Totals | None,
     met: bool,
     end_s: float,
-    work_on: dict[Capacity, float],
+    work_on: list[float],
     preemptions: int,
     observe: str,
     overlap_s: float,
@@ -630,8 +661,8 @@ def _result(
         met=met,
         spot_hours=totals.spot_h - totals.spot_probe_h,
         on_demand_hours=totals.od_h,
-        spot_work_hours=work_on[SPOT] / 3600.0,
-        on_demand_work_hours=work_on[OD] / 3600.0,
+        spot_work_hours=work_on[0] / 3600.0,
+        on_demand_work_hours=work_on[1] / 3600.0,
         preemptions=preemptions,
         finished_h=end_s / 3600.0,
         on_demand_cost=job.work_s / HOUR * job.on_demand_price,
