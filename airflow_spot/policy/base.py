@@ -93,12 +93,13 @@ class Policy:
         ``decision``, the one :meth:`decide` just returned for ``obs``.
 
         The caller asks only when ``decision.capacity`` is ``obs.capacity`` (no switch) and
-        nothing of a changeover is left on it (``obs.changeover_left_s == 0``), and skips
-        looks only while the state stays steady: the capacity stays held and is never
-        reclaimed, spot's state stays as ``obs`` has it (seen and the same, or unseen), and
-        neither the end of the work nor the deadline comes. So the ``j``-th following look
-        sees ``obs`` with ``now`` and (on spot or on-demand, not idle) ``done_s`` ``j`` ticks
-        on, ``spot_age_s`` (seen) or ``spot_unseen_s`` (unseen) ``j`` ticks older,
+        less than a tick of a changeover is left on it (``obs.changeover_left_s <
+        job.tick_s``: over by the next look), and skips looks only while the state stays
+        steady: the capacity stays held and is never reclaimed, spot's state stays as ``obs``
+        has it (seen and the same, or unseen), and neither the end of the work nor the
+        deadline comes. So the ``j``-th following look sees ``obs`` with ``now`` ``j`` ticks
+        on, ``done_s`` (on spot or on-demand, not idle) ``j`` ticks on less what was left of
+        the changeover, ``changeover_left_s`` 0, ``spot_age_s`` (seen) or ``spot_unseen_s`` (unseen) ``j`` ticks older,
         ``spot_down_s`` ``j`` ticks more where spot is seen down, ``spot_source`` perhaps
         changed, and all else the same (up to rounding in the last digits: a hint that
         depends on a comparison must not hold it on a knife's edge).

@@ -70,7 +70,7 @@ class OnDemand(Policy):
         return OD_ONLY
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
-        if not own_rules(self, OnDemand) or not _held(obs, decision):
+        if not own_rules(self, OnDemand) or not _held(job, obs, decision):
             return 0
         return ALWAYS  # on-demand at every look
 
@@ -94,14 +94,18 @@ class Greedy(Policy):
         return SPOT_UP if obs.spot_available else _wait(job, obs)
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
-        if not own_rules(self, Greedy) or not _held(obs, decision) or not exact(job, obs):
+        if not own_rules(self, Greedy) or not _held(job, obs, decision) or not exact(job, obs):
             return 0
         if obs.capacity is Capacity.NONE:  # waiting (spot seen down) until the slack is gone
             if obs.spot_available is not False:
                 return 0
             return ticks_left(job, obs) - ticks_needed(job, obs, 2) - 1
+        if decision.rule == "spot_up" and _launching(obs) and not _slack_kept(job, obs):
+            return 0  # the first look's progress, less than a tick, may find the slack gone
         # running on spot (spot_up / stay_spot) or on-demand (safety): the comparisons that
-        # chose it keep their outcome while work left and intervals left fall together
+        # chose it keep their outcome while work left and intervals left fall together (a
+        # slack gone stays gone even over a changeover's end; the safety net lets a spot
+        # instance past its changeover run on)
         return ALWAYS
 
     def blind(self, job: JobSpec, obs: Observation, decision: Decision) -> bool:
@@ -144,7 +148,7 @@ class UniformProgress(Policy):
         return choice
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
-        if not own_rules(self, UniformProgress) or not _held(obs, decision):
+        if not own_rules(self, UniformProgress) or not _held(job, obs, decision):
             return 0
         cap = obs.capacity
         if cap is Capacity.SPOT:  # spot_up while spot is up; the safety net keeps it
@@ -160,8 +164,11 @@ class UniformProgress(Policy):
             return min(on_line, ticks_left(job, obs) - ticks_needed(job, obs, 2) - 1)
         if decision.rule == "safety":  # work left and intervals left fall together
             return ALWAYS
+        if _launching(obs) and (decision.look or not _slack_kept(job, obs)):
+            return 0  # the first look's progress, less than a tick, may change either
         # hysteresis: on on-demand, progress gains (1 - C / R) tick a tick on the line two
-        # changeovers ahead; the look flag is whether it is past that line
+        # changeovers ahead (less at the first look while launching: still behind it then
+        # too); the look flag is whether it is past that line
         if decision.look or r == w:
             return ALWAYS  # past it (and staying past), or the line keeps pace
         return ((now + 2 * d) * w - done * r) // (g * (r - w))  # looks still behind it
@@ -192,7 +199,7 @@ class LastAttemptOnDemand(Policy):
         return SPOT_UP if obs.spot_available else _wait(job, obs)
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
-        if not own_rules(self, LastAttemptOnDemand) or not _held(obs, decision):
+        if not own_rules(self, LastAttemptOnDemand) or not _held(job, obs, decision):
             return 0
         budget = DEFAULT_PREEMPTION_BUDGET if job.max_preemptions is None else job.max_preemptions
         if obs.preemptions >= budget or obs.capacity is Capacity.SPOT:
@@ -220,12 +227,23 @@ def _slack_gone(job: JobSpec, obs: Observation) -> bool:
     )
 
 
-def _held(obs: Observation, decision: Decision) -> bool:
-    """The steady states the baselines' hints cover: the capacity held is kept, with nothing
-    of a changeover left on it."""
+def _held(job: JobSpec, obs: Observation, decision: Decision) -> bool:
+    """The steady states the baselines' hints cover: the capacity held is kept, with less
+    than a tick of a changeover left on it (over by the next look)."""
     return decision.capacity is obs.capacity and (
-        obs.capacity is Capacity.NONE or obs.changeover_left_s < EPS
+        obs.capacity is Capacity.NONE or obs.changeover_left_s < job.tick_s
     )
+
+
+def _launching(obs: Observation) -> bool:
+    """A changeover is still being paid on the capacity held."""
+    return obs.capacity is not Capacity.NONE and obs.changeover_left_s >= EPS
+
+
+def _slack_kept(job: JobSpec, obs: Observation) -> bool:
+    """The slack is not gone at the next look whatever progress this interval makes: the work
+    plus two changeovers fits in one interval fewer than are left (exact arithmetic only)."""
+    return ticks_needed(job, obs, 2) < ticks_left(job, obs) - 1
 
 
 def _safety_od(job: JobSpec, obs: Observation) -> Decision:

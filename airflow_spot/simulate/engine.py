@@ -376,7 +376,7 @@ def replay(
                 rro = d
             if cur is not NONE:
                 seg.close("switched")
-        elif steady is not None and (cur is NONE or rro == 0.0) and not (spot_prices and cur is SPOT):
+        elif steady is not None and rro < gap and not (spot_prices and cur is SPOT):
             while flips[fi] <= t:
                 fi += 1
             m = min(tlast - t, flips[fi] - 1 - t)
@@ -401,9 +401,12 @@ def replay(
                 down,
                 not has and not jump,
                 job.on_demand_price if cur is OD else job.spot_price,
+                rro,
             )
             if cur is not NONE:
                 work_on[cur is OD] = won
+                if m > 0:
+                    rro = 0.0  # the first tick ended what was left of the changeover
             if jump and m > 0:  # what the looks skipped would have seen of spot
                 if downs is None:
                     downs = _downs(avail)
@@ -583,7 +586,7 @@ def _replay_cluster(
             steady is not None
             and req is held
             and not overlap
-            and (cur is NONE or rro == 0.0)
+            and rro < gap
             and (cur is SPOT or bool(looking)) == seen  # seen (or unseen) at the next look too
             and not (looking and has)  # a request or probe that would find spot at once
             and not (spot_prices and cur is SPOT)
@@ -605,9 +608,12 @@ def _replay_cluster(
                     down,
                     seen and not has,
                     od_price if cur is OD else job.spot_price,
+                    rro,
                 )
                 if cur is not NONE:
                     work_on[cur is OD] = won
+                    if m > 0:
+                        rro = 0.0  # the first tick ended what was left of the changeover
                 t += m
                 if seen:
                     runs.source = "attempt" if cur is SPOT else looking
@@ -734,47 +740,50 @@ def _advance(
     down: float,
     spot_down: bool,
     price: float,
+    rro: float = 0.0,
 ) -> tuple[int, float, float, float]:
     """Bill and credit the steady ticks ``t+1 .. t+m`` (fewer where the work would end) as
-    the per-tick loop does: ``(m, done, work on cur, down)``. The sums are those of the loop,
-    one tick at a time, or (whole seconds, where every partial sum is exact) in one step."""
+    the per-tick loop does: ``(m, done, work on cur, down)``. ``rro`` (less than a tick): the
+    changeover still to pay, in the first of them. The sums are those of the loop, one tick
+    at a time, or (whole seconds, where every partial sum is exact) in one step."""
     whole = (
         gap.is_integer()
         and done.is_integer()
         and won.is_integer()
         and down.is_integer()
         and work.is_integer()
+        and float(rro).is_integer()
         and max(work, won, down) + (m + 1) * gap < _EXACT
     )
     if cur is not NONE:
-        first = done + gap
-        if whole:  # work - (done + j gap) > EPS  <=>  j gap <= work - done - 1
-            m = min(m, int((work - done - 1.0) // gap))
+        w0 = gap - rro  # the first tick's progress, as the loop computes it
+        launching = gap - w0
+        first = done + w0
+        if whole:  # work - (first + (j - 1) gap) > EPS  <=>  (j - 1) gap <= work - first - 1
+            m = min(m, int((work - first - 1.0) // gap) + 1)
             if m <= 0:
                 return 0, done, won, down
-            done += m * gap
-            won += m * gap
+            done = first + (m - 1) * gap
+            won += w0 + (m - 1) * gap
         else:
+            w = w0
             for j in range(m):
-                nd = done + gap
+                nd = done + w
                 if work - nd <= EPS:  # that tick ends the work: the loop takes it
                     m = j
                     break
                 done = nd
-                won += gap
+                won += w
+                w = gap
             if m == 0:
                 return 0, done, won, down
-        seg.tick(cur, (t + 1) * gap - gap, 0.0, gap, first - gap, first, price)
+        seg.tick(cur, (t + 1) * gap - gap, launching, gap, first - w0, first, price)
     else:
         seg.tick(NONE, (t + 1) * gap - gap, 0.0, gap, done, done, 0.0)
     if m > 1:
         seg.end, seg.p1 = (t + m) * gap - gap + gap, done
     if spot_down:
-        if whole:
-            down += m * gap
-        else:
-            for _ in range(m):
-                down += gap
+        down = _add_ticks(down, gap, m)
     return m, done, won, down
 
 
