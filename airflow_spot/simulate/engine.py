@@ -420,7 +420,7 @@ def replay(
             t += m
         cur = req
         t += 1
-    (ledger or totals).finished_s = t * gap if met else None
+    _finish(ledger, totals, t * gap if met else None, 0)
     return _result(
         trace, policy, job, ledger, totals, met, t * gap, work_on, preemptions, "oracle", 0.0
     )
@@ -465,9 +465,13 @@ def _replay_cluster(
         now = t * gap
         has = avail[t] if t < n else False
         seen = cur is SPOT or bool(looking)
-        if seen:
+        if seen:  # runs.see(now, has, watched), inlined
             runs.source = "attempt" if cur is SPOT else looking
-            runs.see(now, has, watched)
+            if has != runs.up:
+                if runs.up is not None and runs.since > 0:
+                    runs.last[runs.up] = (now if watched else runs.seen_at) - runs.since
+                runs.up, runs.since = has, now
+            runs.seen_at = now
         if was_down:
             down += gap
         last = cur
@@ -620,9 +624,7 @@ def _replay_cluster(
                     runs.seen_at = t * gap
         watched, was_down = seen, seen and not has
         t += 1
-    sink = ledger or totals
-    sink.finished_s = t * gap if met else None
-    sink.probes = probes
+    _finish(ledger, totals, t * gap if met else None, probes)
     observe = "cluster" if make_before_break else "cluster-bbm"
     return _result(
         trace, policy, job, ledger, totals, met, t * gap, work_on, preemptions, observe, overlap_s
@@ -636,6 +638,14 @@ def _sink(job: JobSpec, keep_ledger: bool) -> tuple[Ledger | None, _Totals | Non
         return ledger, None, _ledger_sink(ledger)
     totals = _Totals()
     return None, totals, totals.segment
+
+
+def _finish(ledger: Ledger | None, totals: _Totals | None, end: float | None, probes: int) -> None:
+    """A replay's end (``None``: the work was not done) and probes, where its figures go."""
+    sink = ledger if ledger is not None else totals
+    assert sink is not None
+    sink.finished_s = end
+    sink.probes = probes
 
 
 def _result(
@@ -795,7 +805,12 @@ class _Totals:
     __slots__ = ("cost", "spot_h", "spot_probe_h", "od_h", "probe_cost", "finished_s", "probes")
 
     def __init__(self) -> None:
-        self.cost = self.spot_h = self.spot_probe_h = self.od_h = self.probe_cost = 0
+        # int 0 to start, as sum() starts: an empty run's figures are those of an empty ledger
+        self.cost: float = 0
+        self.spot_h: float = 0
+        self.spot_probe_h: float = 0
+        self.od_h: float = 0
+        self.probe_cost: float = 0
         self.finished_s: float | None = None
         self.probes = 0
 
