@@ -23,6 +23,7 @@ ALWAYS = 1 << 60
 _WHOLE = float(1 << 25)  # whole seconds below this: the baselines' arithmetic is exact
 
 DONE = Decision(Capacity.NONE, "done")
+_SPOT, _ON_DEMAND = Capacity.SPOT, Capacity.ON_DEMAND
 
 
 def ticks_left(job: JobSpec, obs: Observation) -> int:
@@ -80,9 +81,12 @@ class Policy:
         if job.work_s - obs.done_s <= EPS:
             return DONE
         choice = self.choose(job, obs)
-        if choice.capacity is Capacity.SPOT and obs.spot_available is False:
+        capacity = choice.capacity
+        if capacity is _SPOT and obs.spot_available is False:
             raise AssertionError(f"{self.name} asked for spot while spot is down")
-        return choice if self.unsafe else safety_net(job, obs, choice)
+        if self.unsafe or capacity is _ON_DEMAND:  # the safety net keeps on-demand as it is
+            return choice
+        return safety_net(job, obs, choice)
 
     def choose(self, job: JobSpec, obs: Observation) -> Decision:
         raise NotImplementedError

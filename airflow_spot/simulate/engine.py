@@ -45,7 +45,6 @@ result, ledger and all, is the same as with every look taken).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -307,6 +306,7 @@ def replay(
     last_run: dict[bool, float | None] = {True: None, False: None}
     if steady is not None:
         flips, tlast = _flips(trace), _last_tick(deadline, gap)
+        whole = _whole_job(work, gap, tlast)
         flips.append(1 << 62)
         fi = 0  # flips[fi]: the first change of spot's state after t (t only grows)
         downs: list[int] | None = None  # downs[i]: ticks of avail[:i] with spot down
@@ -402,6 +402,7 @@ def replay(
                 not has and not jump,
                 job.on_demand_price if cur is OD else job.spot_price,
                 rro,
+                whole,
             )
             if cur is not NONE:
                 work_on[cur is OD] = won
@@ -409,7 +410,7 @@ def replay(
                     rro = 0.0  # the first tick ended what was left of the changeover
             if jump and m > 0:  # what the looks skipped would have seen of spot
                 if downs is None:
-                    downs = _downs(avail)
+                    downs = _downs(trace.available)
                 down = _add_ticks(down, gap, _down_ticks(downs, t, t + m))
                 while flips[fi] <= t + m:
                     f = flips[fi] * gap
@@ -459,6 +460,9 @@ def _replay_cluster(
     watched = was_down = False
     if steady is not None:
         flips, tlast = _flips(trace), _last_tick(deadline, gap)
+        whole = _whole_job(work, gap, tlast)
+        flips.append(1 << 62)
+        fi = 0  # flips[fi]: the first change of spot's state after t (t only grows)
     t = 0
     met = False
     while True:
@@ -586,6 +590,7 @@ def _replay_cluster(
                 looking = "probe" if cur is OD else "request"
                 if looking == "probe" and (looked != "probe" or found):
                     probes += 1
+        k = 0  # looks the policy is certain of (its steady hint), where it is asked
         if (
             steady is not None
             and req is held
@@ -594,9 +599,16 @@ def _replay_cluster(
             and (cur is SPOT or bool(looking)) == seen  # seen (or unseen) at the next look too
             and not (looking and has)  # a request or probe that would find spot at once
             and not (spot_prices and cur is SPOT)
-            and (m := min(tlast - t, _run_end(flips, t) - 1 - t) if seen else tlast - t) > 0
-            and (k := steady(job, obs, decision)) > 0
         ):
+            if seen:  # until spot's state changes
+                while flips[fi] <= t:
+                    fi += 1
+                m = min(tlast - t, flips[fi] - 1 - t)
+            else:
+                m = tlast - t
+            if m > 0:
+                k = steady(job, obs, decision)
+        if k > 0:
             # the ticks t+1 .. t+m: spot as at t where it is seen, the same decision at each
             m = min(k, m)
             if m > 0:
@@ -613,6 +625,7 @@ def _replay_cluster(
                     seen and not has,
                     od_price if cur is OD else job.spot_price,
                     rro,
+                    whole,
                 )
                 if cur is not NONE:
                     work_on[cur is OD] = won
@@ -698,7 +711,7 @@ def _flips(trace: Trace) -> list[int]:
     return (np.flatnonzero(ext[1:] != ext[:-1]) + 1).tolist()
 
 
-def _downs(avail: list[bool]) -> list[int]:
+def _downs(avail: np.ndarray) -> list[int]:
     """``downs[i]``: how many of the first ``i`` ticks have spot down."""
     return [0, *np.cumsum(~np.asarray(avail, dtype=bool)).tolist()]
 
@@ -720,12 +733,6 @@ def _add_ticks(total: float, gap: float, count: int) -> float:
     for _ in range(count):
         total += gap
     return total
-
-
-def _run_end(flips: list[int], t: int) -> int:
-    """The first tick after ``t`` at which spot's state is not what it is at ``t``."""
-    i = bisect_right(flips, t)
-    return flips[i] if i < len(flips) else 1 << 62
 
 
 def _last_tick(deadline: float, gap: float) -> int:
@@ -750,24 +757,17 @@ def _advance(
     down: float,
     spot_down: bool,
     price: float,
-    rro: float = 0.0,
+    rro: float,
+    whole: bool,
 ) -> tuple[int, float, float, float]:
     """Bill and credit the steady ticks ``t+1 .. t+m`` (fewer where the work would end) as
     the per-tick loop does: ``(m, done, work on cur, down)``. ``rro`` (less than a tick): the
     changeover still to pay, in the first of them. The sums are those of the loop, one tick
-    at a time, or (whole seconds, where every partial sum is exact) in one step."""
-    whole = (
-        gap.is_integer()
-        and done.is_integer()
-        and won.is_integer()
-        and down.is_integer()
-        and work.is_integer()
-        and float(rro).is_integer()
-        and max(work, won, down) + (m + 1) * gap < _EXACT
-    )
+    at a time, or, where ``whole`` (:func:`_whole_job`) and the running figures are whole
+    seconds, so that every partial sum is exact, in one step."""
+    whole = whole and done.is_integer() and won.is_integer() and rro.is_integer()
     if cur is not NONE:
         w0 = gap - rro  # the first tick's progress, as the loop computes it
-        launching = gap - w0
         first = done + w0
         if whole:  # work - (first + (j - 1) gap) > EPS  <=>  (j - 1) gap <= work - first - 1
             m = min(m, int((work - first - 1.0) // gap) + 1)
@@ -787,7 +787,7 @@ def _advance(
                 w = gap
             if m == 0:
                 return 0, done, won, down
-        seg.tick(cur, (t + 1) * gap - gap, launching, gap, first - w0, first, price)
+        seg.tick(cur, (t + 1) * gap - gap, gap - w0, gap, first - w0, first, price)
     else:
         seg.tick(NONE, (t + 1) * gap - gap, 0.0, gap, done, done, 0.0)
     if m > 1:
@@ -795,6 +795,12 @@ def _advance(
     if spot_down:
         down = _add_ticks(down, gap, m)
     return m, done, won, down
+
+
+def _whole_job(work: float, gap: float, tlast: int) -> bool:
+    """Work and ticks in whole seconds, small enough that every sum a replay makes of them
+    (work done, time down: never more than the work or the ticks) is exact."""
+    return gap.is_integer() and work.is_integer() and work + 2 * (tlast + 2) * gap < _EXACT
 
 
 class _Totals:
