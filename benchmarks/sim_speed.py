@@ -14,23 +14,36 @@ $0.9731, on-demand $3.06), times, median of ``--repeat``:
     and off;
 
 and prints each replay's ratio to the reference, and whether the oracle replay's costs equal
-the reference's (``RunResult.row()``'s six decimals; the raw difference is printed too).
+the reference's (``RunResult.row()``'s six decimals; the raw difference is printed too);
+
+(d) the command the issue timed, ``airflow-spot simulate`` on the same windows and job
+    (``--workers 1``, then the default workers), as whole processes, at this tree and at
+    ``--baseline`` (default 4d5a27b, the commit issue 19 was filed at, exported from git to a
+    temporary folder), interleaved, with bytecode compiled for both; the speedup, and what it
+    makes of the issue's own figures (5.3 s for the command against 3.1 s for its
+    reference: 1.71x). ``--baseline ''`` skips it.
+
 A benchmark, not a test: it prints figures and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import paper_windows  # noqa: E402
+from common import PAPER_ENVS, ROOT, paper_windows  # noqa: E402
 
 from airflow_spot.policy import get_policy  # noqa: E402
 from airflow_spot.simulate import engine  # noqa: E402
@@ -114,6 +127,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--per-env", type=int)
+    ap.add_argument("--baseline", default="4d5a27b", help="commit to time the command at")
+    ap.add_argument("--cli-repeat", type=int, default=5)
     args = ap.parse_args()
     s = Setting(48.0, 60.0, 0.2, 0.9731, 3.06)
     traces = paper_windows(args.per_env)
@@ -188,6 +203,82 @@ def main() -> None:
     )
     for b in bad[:20]:
         print("   mismatch", b)
+
+    if args.baseline and not args.per_env:
+        cli_against(args.baseline, args.cli_repeat)
+
+
+ISSUE_RATIO = 5.3 / 3.1  # the command against the issue's reference, as issue 19 measured
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_against(baseline: str, repeat: int) -> None:
+    """(d): the whole command at this tree and at ``baseline``, interleaved."""
+    print(f"\n(d) airflow-spot simulate as a process, here and at {baseline} (median of {repeat})")
+    try:
+        tar = subprocess.run(
+            ["git", "-C", str(REPO), "archive", baseline, "airflow_spot"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"   skipped: cannot export {baseline} from git ({e})")
+        return
+    old = Path(tempfile.mkdtemp(prefix="sim-speed-"))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+            tf.extractall(old, filter="data")
+        for tree in (old, REPO):  # as an installed package runs: bytecode compiled once
+            subprocess.run(
+                [sys.executable, "-m", "compileall", "-q", str(tree / "airflow_spot")],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        folders = [str(ROOT / "cant-be-late-windows" / env) for env in PAPER_ENVS]
+        job = [*folders, "--polarity", "unavailable", "--deadline", "60h", "--changeover"]
+        job += ["0.2h", "--policy", "greedy", "--policy", "uniform_progress"]
+        runs = [  # (how the workers are set, what runs, tree, argv)
+            (label, name, tree, job + extra + more)
+            for label, more in (("--workers 1", ["--workers", "1"]), ("default workers", []))
+            for name, tree, extra in (
+                (baseline, old, []),
+                ("here, oracle", REPO, ["--observe", "oracle"]),
+                ("here, cluster", REPO, ["--observe", "cluster"]),
+            )
+        ]
+        times: dict[tuple[str, str], list[float]] = {(r[0], r[1]): [] for r in runs}
+        for _ in range(repeat):
+            for label, name, tree, argv in runs:
+                times[(label, name)].append(_simulate_wall(tree, argv))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{'workers':>16} {'tree':>14} {'median s':>9} {'speedup':>8} {'issue ref':>10}")
+        for label, name, _, _ in runs:
+            speed = med[(label, baseline)] / med[(label, name)]
+            print(
+                f"{label:>16} {name:>14} {med[(label, name)]:9.3f} {speed:7.2f}x "
+                f"{ISSUE_RATIO / speed:9.2f}x"
+            )
+        print(
+            "issue ref: the command's time against the issue's reference, scaled from the "
+            f"issue's {ISSUE_RATIO:.2f}x at {baseline} by the speedup (target: 0.5x)"
+        )
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _simulate_wall(tree: Path, argv: list[str]) -> float:
+    """Seconds of one ``airflow-spot simulate`` process running the package in ``tree``."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import airflow_spot; "
+        "assert airflow_spot.__file__.startswith(sys.argv[1]), airflow_spot.__file__; "
+        "from airflow_spot.cli import main; sys.argv = ['airflow-spot', 'simulate', "
+        "*sys.argv[2:]]; sys.exit(main())"
+    )
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", code, str(tree), *argv], check=True, stdout=subprocess.DEVNULL
+    )
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":
