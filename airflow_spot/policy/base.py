@@ -108,6 +108,12 @@ class Policy:
         changed, and all else the same (up to rounding in the last digits: a hint that
         depends on a comparison must not hold it on a knife's edge).
 
+        It also asks at a launch of spot from idle (``obs.capacity`` none, ``decision``
+        spot, spot up, not billed at the trace's prices), while spot stays up: then the
+        following looks see the capacity spot, the changeover paid tick by tick (each look
+        ``changeover_left_s`` less by what its tick paid, ``done_s`` on by the rest of the
+        tick), and then whole ticks of progress.
+
         A hint may fall short (the caller then looks again), never long. The default, 0,
         promises nothing: every look is taken.
         """

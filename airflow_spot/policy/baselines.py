@@ -94,7 +94,11 @@ class Greedy(Policy):
         return SPOT_UP if obs.spot_available else _wait(job, obs)
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
-        if not own_rules(self, Greedy) or not _held(job, obs, decision) or not exact(job, obs):
+        if not own_rules(self, Greedy) or not exact(job, obs):
+            return 0
+        if _launch(obs, decision):
+            return _launch_hint(job, obs)
+        if not _held(job, obs, decision):
             return 0
         if obs.capacity is Capacity.NONE:  # waiting (spot seen down) until the slack is gone
             if obs.spot_available is not False:
@@ -148,7 +152,11 @@ class UniformProgress(Policy):
         return choice
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
-        if not own_rules(self, UniformProgress) or not _held(job, obs, decision):
+        if not own_rules(self, UniformProgress):
+            return 0
+        if _launch(obs, decision):
+            return _launch_hint(job, obs) if exact(job, obs) else 0
+        if not _held(job, obs, decision):
             return 0
         cap = obs.capacity
         if cap is Capacity.SPOT:  # spot_up while spot is up; the safety net keeps it
@@ -199,7 +207,11 @@ class LastAttemptOnDemand(Policy):
         return SPOT_UP if obs.spot_available else _wait(job, obs)
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
-        if not own_rules(self, LastAttemptOnDemand) or not _held(job, obs, decision):
+        if not own_rules(self, LastAttemptOnDemand):
+            return 0
+        if _launch(obs, decision):
+            return _launch_hint(job, obs) if exact(job, obs) else 0
+        if not _held(job, obs, decision):
             return 0
         budget = DEFAULT_PREEMPTION_BUDGET if job.max_preemptions is None else job.max_preemptions
         if obs.preemptions >= budget or obs.capacity is Capacity.SPOT:
@@ -233,6 +245,28 @@ def _held(job: JobSpec, obs: Observation, decision: Decision) -> bool:
     return decision.capacity is obs.capacity and (
         obs.capacity is Capacity.NONE or obs.changeover_left_s < job.tick_s
     )
+
+
+def _launch(obs: Observation, decision: Decision) -> bool:
+    """Spot launched from idle at this look, spot seen up (``spot_up``)."""
+    return (
+        obs.capacity is Capacity.NONE
+        and decision.capacity is Capacity.SPOT
+        and decision.rule == "spot_up"
+        and obs.spot_available is True
+    )
+
+
+def _launch_hint(job: JobSpec, obs: Observation) -> int:
+    """Looks certain after a launch of spot from idle (:meth:`Policy.steady`, exact arithmetic
+    only): while spot stays up, each look gets ``spot_up`` again, where the slack outlasts the
+    changeover. Over the ``c`` looks that pay it, progress is at least none and the intervals
+    left fall by one a look, so with the work plus two changeovers fitting in ``c`` intervals
+    fewer than are left, neither the slack rule nor the safety net (which a spot instance
+    still launching does not escape) fires; after them, work left and intervals left fall
+    together."""
+    paying = math.ceil(job.changeover_s / job.tick_s)
+    return ALWAYS if ticks_needed(job, obs, 2) < ticks_left(job, obs) - paying else 0
 
 
 def _launching(obs: Observation) -> bool:

@@ -376,6 +376,12 @@ def replay(
                 rro = d
             if cur is not NONE:
                 seg.close("switched")
+            elif req is SPOT and steady is not None and not spot_prices:  # a launch from idle
+                while flips[fi] <= t:
+                    fi += 1
+                m = min(tlast - t, flips[fi] - 1 - t)
+                if m > 0:
+                    k = steady(job, obs, decision)
         elif steady is not None and rro < gap and not (spot_prices and cur is SPOT):
             while flips[fi] <= t:
                 fi += 1
@@ -389,25 +395,23 @@ def replay(
             # the ticks t+1 .. t+m: spot as at t (or, jumping, whatever it does: on-demand
             # runs on), the same decision at each look
             m = min(k, m)
-            m, done, won, down = _advance(
+            m, done, won, down, rro = _advance(
                 seg,
-                cur,
+                req,
                 t,
                 m,
                 gap,
                 work,
                 done,
-                work_on[cur is OD] if cur is not NONE else 0.0,
+                work_on[req is OD] if req is not NONE else 0.0,
                 down,
                 not has and not jump,
-                job.on_demand_price if cur is OD else job.spot_price,
+                job.on_demand_price if req is OD else job.spot_price,
                 rro,
                 whole,
             )
-            if cur is not NONE:
-                work_on[cur is OD] = won
-                if m > 0:
-                    rro = 0.0  # the first tick ended what was left of the changeover
+            if req is not NONE:
+                work_on[req is OD] = won
             if jump and m > 0:  # what the looks skipped would have seen of spot
                 if downs is None:
                     downs = _downs(trace.available)
@@ -591,11 +595,12 @@ def _replay_cluster(
                 if looking == "probe" and (looked != "probe" or found):
                     probes += 1
         k = 0  # looks the policy is certain of (its steady hint), where it is asked
+        launch = held is NONE and cur is SPOT  # spot granted at this look, launched from idle
         if (
             steady is not None
-            and req is held
+            and (req is held or launch)
             and not overlap
-            and rro < gap
+            and (rro < gap or launch)
             and (cur is SPOT or bool(looking)) == seen  # seen (or unseen) at the next look too
             and not (looking and has)  # a request or probe that would find spot at once
             and not (spot_prices and cur is SPOT)
@@ -612,7 +617,7 @@ def _replay_cluster(
             # the ticks t+1 .. t+m: spot as at t where it is seen, the same decision at each
             m = min(k, m)
             if m > 0:
-                m, done, won, down = _advance(
+                m, done, won, down, rro = _advance(
                     seg,
                     cur,
                     t,
@@ -629,8 +634,6 @@ def _replay_cluster(
                 )
                 if cur is not NONE:
                     work_on[cur is OD] = won
-                    if m > 0:
-                        rro = 0.0  # the first tick ended what was left of the changeover
                 t += m
                 if seen:
                     runs.source = "attempt" if cur is SPOT else looking
@@ -759,42 +762,59 @@ def _advance(
     price: float,
     rro: float,
     whole: bool,
-) -> tuple[int, float, float, float]:
+) -> tuple[int, float, float, float, float]:
     """Bill and credit the steady ticks ``t+1 .. t+m`` (fewer where the work would end) as
-    the per-tick loop does: ``(m, done, work on cur, down)``. ``rro`` (less than a tick): the
-    changeover still to pay, in the first of them. The sums are those of the loop, one tick
-    at a time, or, where ``whole`` (:func:`_whole_job`) and the running figures are whole
-    seconds, so that every partial sum is exact, in one step."""
-    whole = whole and done.is_integer() and won.is_integer() and rro.is_integer()
-    if cur is not NONE:
-        w0 = gap - rro  # the first tick's progress, as the loop computes it
-        first = done + w0
-        if whole:  # work - (first + (j - 1) gap) > EPS  <=>  (j - 1) gap <= work - first - 1
-            m = min(m, int((work - first - 1.0) // gap) + 1)
-            if m <= 0:
-                return 0, done, won, down
-            done = first + (m - 1) * gap
-            won += w0 + (m - 1) * gap
+    the per-tick loop does: ``(m, done, work on cur, down, changeover left)``. ``rro``: the
+    changeover still to pay on ``cur``, tick by tick first. The sums are those of the loop,
+    one tick at a time, or, where ``whole`` (:func:`_whole_job`) and the running figures are
+    whole seconds, so that every partial sum is exact, in one step."""
+    if cur is NONE:
+        seg.tick(NONE, (t + 1) * gap - gap, 0.0, gap, done, done, 0.0)
+        if m > 1:
+            seg.end, seg.p1 = (t + m) * gap - gap + gap, done
+        if spot_down:
+            down = _add_ticks(down, gap, m)
+        return m, done, won, down, rro
+    j = 0  # ticks taken
+    while rro > 0.0 and j < m:  # the changeover's ticks, one by one, as the loop takes them
+        w = gap - rro if gap > rro else 0.0
+        nd = done + w
+        if work - nd <= EPS:  # that tick ends the work: the loop takes it
+            m = j
+            break
+        launching = gap - w
+        rro = rro - launching
+        if rro < EPS:
+            rro = 0.0
+        j += 1
+        seg.tick(cur, (t + j) * gap - gap, launching, gap, nd - w, nd, price)
+        done = nd
+        won += w
+    r = m - j  # whole ticks of progress after it
+    if r > 0:
+        first = done + gap
+        if whole and done.is_integer() and won.is_integer():
+            # work - (done + i gap) > EPS  <=>  i gap <= work - done - 1
+            r = min(r, int((work - done - 1.0) // gap))
+            if r > 0:
+                done += r * gap
+                won += r * gap
         else:
-            w = w0
-            for j in range(m):
-                nd = done + w
+            for i in range(r):
+                nd = done + gap
                 if work - nd <= EPS:  # that tick ends the work: the loop takes it
-                    m = j
+                    r = i
                     break
                 done = nd
-                won += w
-                w = gap
-            if m == 0:
-                return 0, done, won, down
-        seg.tick(cur, (t + 1) * gap - gap, gap - w0, gap, first - w0, first, price)
-    else:
-        seg.tick(NONE, (t + 1) * gap - gap, 0.0, gap, done, done, 0.0)
-    if m > 1:
-        seg.end, seg.p1 = (t + m) * gap - gap + gap, done
+                won += gap
+        if r > 0:
+            seg.tick(cur, (t + j + 1) * gap - gap, 0.0, gap, first - gap, first, price)
+            if r > 1:
+                seg.end, seg.p1 = (t + j + r) * gap - gap + gap, done
+        m = j + max(r, 0)
     if spot_down:
         down = _add_ticks(down, gap, m)
-    return m, done, won, down
+    return m, done, won, down, rro
 
 
 def _whole_job(work: float, gap: float, tlast: int) -> bool:

@@ -17,7 +17,6 @@ from airflow_spot.policy import (
     get_policy,
     policy_names,
 )
-from airflow_spot.policy.base import EPS
 from airflow_spot.simulate import Trace, engine, replay
 
 TICK = 600.0
@@ -92,6 +91,7 @@ class _Counting:
         self.policy, self.name, self.calls = policy, policy.name, 0
         self.promise: tuple[Observation, Decision, int, int, bool] | None = None
         self.blind_held = 0  # looks checked under a blind hint with spot's state changed
+        self.launch_held = 0  # looks checked under a launch's hint while it paid its changeover
 
     def decide(self, job: JobSpec, obs: Observation) -> Decision:
         self.calls += 1
@@ -99,17 +99,17 @@ class _Counting:
         if self.promise is not None:
             o, d, k, at, blind = self.promise
             j = round((obs.now - o.now) / job.tick_s)
-            steady = (
-                obs.capacity is o.capacity
+            steady = (  # (a launch's promise is for the capacity it launched)
+                obs.capacity is d.capacity
                 and obs.preemptions == o.preemptions
                 and (blind or obs.spot_available == o.spot_available)
                 and obs.overlap == o.overlap
-                and (obs.capacity is Capacity.NONE or obs.changeover_left_s < EPS)
             )
             if steady and 0 < j <= k and self.calls == at + j:
                 key = (decision.capacity, decision.rule, decision.look)
                 assert key == (d.capacity, d.rule, d.look), (self.name, o, obs, j, k, blind)
                 self.blind_held += blind and obs.spot_available != o.spot_available
+                self.launch_held += o.capacity is Capacity.NONE and obs.changeover_left_s > 0
             else:
                 self.promise = None
         if self.promise is None:
@@ -156,7 +156,7 @@ def test_hints_hold_look_by_look(traces) -> None:
     """Replayed with every look taken, each hint a baseline gives holds at the looks after it,
     a blind one across changes of spot's state too."""
     for name in ("greedy", "uniform_progress", "last_attempt_on_demand", "on_demand"):
-        held = 0
+        held = launched = 0
         for observe in OBSERVE:
             p = _Counting(get_policy(name))
             for job in _jobs():
@@ -164,7 +164,10 @@ def test_hints_hold_look_by_look(traces) -> None:
                     p.promise = None
                     replay(p, tr, job, observe=observe, fast=False)  # type: ignore[arg-type]
             held += p.blind_held
+            launched += p.launch_held
         assert held > 0, name  # blind hints were tested where spot did change
+        if name != "on_demand":  # launches' hints were tested through their changeovers
+            assert launched > 0, name
 
 
 def test_blind_hints_jump_over_changes_of_spot() -> None:
