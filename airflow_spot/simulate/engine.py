@@ -58,6 +58,7 @@ from airflow_spot.policy.model import HOUR
 from airflow_spot.simulate.traces import Trace
 
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
+RUNNING, LAUNCHING, IDLE = Phase.RUNNING, Phase.LAUNCHING, Phase.IDLE
 
 
 OBSERVE = ("cluster", "oracle", "cluster-bbm")  # the last: an ablation (benchmarks only)
@@ -296,7 +297,7 @@ def replay(
     spot_prices = trace.prices.tolist() if (use_trace_prices and trace.prices is not None) else None
     work, deadline, d = job.work_s, job.deadline_s, job.changeover_s
     ledger, totals, emit = _sink(job, keep_ledger)
-    seg = _SegmentBuilder(emit)
+    seg = _SegmentBuilder(emit, totals=totals)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     work_on = [0.0, 0.0]  # work done on spot, on on-demand: work_on[cap is OD]
     down = 0.0
@@ -454,7 +455,8 @@ def _replay_cluster(
     hold = d if probe_hold_s is None else probe_hold_s
     od_price = job.on_demand_price
     ledger, totals, emit = _sink(job, keep_ledger)
-    seg, ovl = _SegmentBuilder(emit), _SegmentBuilder(emit, overlap=True)
+    seg = _SegmentBuilder(emit, totals=totals)
+    ovl = _SegmentBuilder(emit, overlap=True, totals=totals)
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     overlap = False  # on-demand trains on while the spot launch (cur) pays its changeover
     looking = ""  # what waits since the last look: "", "request" or "probe"
@@ -892,12 +894,16 @@ def _ledger_sink(ledger: Ledger) -> Callable[..., None]:
 
 class _SegmentBuilder:
     """Merges consecutive ticks of the same capacity, phase and price into segments, handed
-    to ``emit`` (a ledger's or a :class:`_Totals`'s ``segment``) as each closes."""
+    to ``emit`` (a ledger's ``segment``) as each closes, or, given ``totals``, summed into
+    them (as :meth:`_Totals.segment` sums: the replay's hottest lines, inlined)."""
 
-    __slots__ = ("emit", "cap", "phase", "price", "start", "end", "p0", "p1", "overlap")
+    __slots__ = ("emit", "totals", "cap", "phase", "price", "start", "end", "p0", "p1", "overlap")
 
-    def __init__(self, emit: Callable[..., None], overlap: bool = False) -> None:
+    def __init__(
+        self, emit: Callable[..., None], overlap: bool = False, totals: _Totals | None = None
+    ) -> None:
         self.emit = emit
+        self.totals = totals
         self.overlap = overlap
         self.cap: Capacity | None = None  # None: no segment open
         self.phase = Phase.IDLE
@@ -913,46 +919,68 @@ class _SegmentBuilder:
         p1: float,
         price: float,
     ) -> None:
+        """One tick from ``t0``: ``launching`` seconds of changeover, then the rest of ``gap``
+        running (progress ``p0`` to ``p1``), or idle where ``cap`` is none."""
         if launching > 0:
-            self._extend(cap, Phase.LAUNCHING, price, t0, t0 + launching, p0, p0)
-        if launching < gap:
-            phase = Phase.IDLE if cap is NONE else Phase.RUNNING
-            t1 = t0 + launching
             if (
-                self.cap is cap
-                and self.phase is phase
-                and self.price == price
-                and abs(t1 - self.end) <= 1e-9
+                cap is not self.cap
+                or self.phase is not LAUNCHING
+                or price != self.price
+                or abs(t0 - self.end) > 1e-9
             ):
-                self.end, self.p1 = t0 + gap, p1
-            else:
-                self._extend(cap, phase, price, t1, t0 + gap, p0, p1)
-
-    def _extend(
-        self, cap: Capacity, phase: Phase, price: float, t0: float, t1: float, p0: float, p1: float
-    ) -> None:
+                self.close("")
+                self.cap, self.phase, self.price, self.start, self.p0 = (
+                    cap,
+                    LAUNCHING,
+                    price,
+                    t0,
+                    p0,
+                )
+            t1 = t0 + launching
+            self.end, self.p1 = t1, p0
+            if launching >= gap:
+                return
+        else:
+            t1 = t0
+        phase = IDLE if cap is NONE else RUNNING
         if (
             cap is not self.cap
             or phase is not self.phase
             or price != self.price
-            or abs(t0 - self.end) > 1e-9
+            or abs(t1 - self.end) > 1e-9
         ):
             self.close("")
-            self.cap, self.phase, self.price, self.start, self.p0 = cap, phase, price, t0, p0
-        self.end, self.p1 = t1, p1
+            self.cap, self.phase, self.price, self.start, self.p0 = cap, phase, price, t1, p0
+        self.end, self.p1 = t0 + gap, p1
 
     def close(self, ended_by: str) -> None:
-        if self.cap is None:
+        cap = self.cap
+        if cap is None:
             return
-        self.emit(
-            self.cap,
-            self.phase,
-            self.start,
-            self.end,
-            self.p0,
-            self.p1,
-            self.price,
-            ended_by,
-            self.overlap,
-        )
         self.cap = None
+        totals = self.totals
+        if totals is None:
+            self.emit(
+                cap,
+                self.phase,
+                self.start,
+                self.end,
+                self.p0,
+                self.p1,
+                self.price,
+                ended_by,
+                self.overlap,
+            )
+            return
+        start, end = self.start, self.end  # totals.segment(...), inlined (no probe phase here)
+        if end < start:
+            raise ValueError(f"segment ends ({end}) before it starts ({start})")
+        if end == start:
+            return
+        hours = (end - start) / HOUR
+        cost = 0.0 if self.phase is IDLE or cap is NONE else hours * self.price
+        totals.cost += cost
+        if cap is SPOT:
+            totals.spot_h += hours
+        elif cap is OD:
+            totals.od_h += hours
