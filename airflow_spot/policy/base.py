@@ -103,10 +103,11 @@ class Policy:
         has it (seen and the same, or unseen), and neither the end of the work nor the
         deadline comes. So the ``j``-th following look sees ``obs`` with ``now`` ``j`` ticks
         on, ``done_s`` (on spot or on-demand, not idle) ``j`` ticks on less what was left of
-        the changeover, ``changeover_left_s`` 0, ``spot_age_s`` (seen) or ``spot_unseen_s`` (unseen) ``j`` ticks older,
-        ``spot_down_s`` ``j`` ticks more where spot is seen down, ``spot_source`` perhaps
-        changed, and all else the same (up to rounding in the last digits: a hint that
-        depends on a comparison must not hold it on a knife's edge).
+        the changeover, ``changeover_left_s`` 0, ``spot_age_s`` (seen) or ``spot_unseen_s``
+        (unseen) ``j`` ticks older, ``spot_down_s`` ``j`` ticks more where spot is seen
+        down, ``spot_source`` perhaps changed, and all else the same (up to rounding in the
+        last digits: a hint that depends on a comparison must not hold it on a knife's
+        edge).
 
         It also asks at a launch of spot from idle (``obs.capacity`` none, ``decision``
         spot, spot up, not billed at the trace's prices), while spot stays up: then the
