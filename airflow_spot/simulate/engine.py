@@ -35,12 +35,18 @@ Two observation models (``observe``):
     on-demand was never stopped.
 
 Fast-forward (``fast``, on by default; the module's :data:`FAST` sets the default): where the
-state is steady (the capacity held is kept, with no changeover left, and spot's state as
-seen does not change), a policy that offers :meth:`~airflow_spot.policy.Policy.steady` says
-for how many looks its decision is certain to stay the same; the replay then jumps to the
-next change of spot's state, that many looks, the end of the work or the deadline, whichever
-comes first, billing and crediting the ticks it skips one by one in the same order (the
-result, ledger and all, is the same as with every look taken).
+state is steady (the capacity held is kept, with less than a tick of changeover left, and
+spot's state as seen does not change), a policy that offers
+:meth:`~airflow_spot.policy.Policy.steady` says for how many looks its decision is certain to
+stay the same (asked at a launch of spot from idle too); the replay then jumps to the next
+change of spot's state, that many looks, the end of the work or the deadline, whichever comes
+first, billing and crediting the ticks it skips one by one in the same order (the result,
+ledger and all, is the same as with every look taken). On on-demand, a policy whose
+:meth:`~airflow_spot.policy.Policy.blind` says its decision reads nothing of spot lets an
+oracle replay jump over spot's changes too.
+
+``keep_ledger=False`` (what a sweep asks): the figures are summed segment by segment as they
+close, in the order a ledger would hold them, and no ledger is kept.
 """
 
 from __future__ import annotations
