@@ -154,34 +154,6 @@ class SpotRuns:
             self.up, self.since = up, now
         self.seen_at = now
 
-    def unseen(
-        self,
-        now: float,
-        done: float,
-        cur: Capacity,
-        rro: float,
-        preemptions: int,
-        down: float,
-        overlap: bool,
-    ) -> Observation:
-        """The observation while spot's state is not seen now."""
-        return _observation(
-            now,
-            done,
-            cur,
-            None,
-            rro,
-            preemptions,
-            self.seen_at - self.since,
-            down,
-            self.last[True],
-            self.last[False],
-            now - self.seen_at,
-            self.up,
-            self.source,
-            overlap,
-        )
-
     def observation(
         self,
         now: float,
@@ -532,7 +504,8 @@ def _replay_cluster(
             seg.close("deadline")
             ovl.close("deadline")
             break
-        # runs.observation(...) or runs.unseen(...), inlined (the replay's hottest lines)
+        # the observation, seen (as runs.observation(...) builds it) or unseen: spot's state
+        # and age as last seen, and how long ago; inlined (the replay's hottest lines)
         if seen:
             obs = _observation(
                 now,
