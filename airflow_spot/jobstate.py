@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_spot.ledger import Ledger, Phase, Segment
 from airflow_spot.policy import Capacity
+from airflow_spot.policy.model import SpotView
 
 MAX_DECISIONS = 150
 
@@ -219,29 +220,23 @@ class JobState:
             else (wall - self.spot_last_change) * self.time_scale
         )
 
-    def spot_view(self, wall: float, fresh_s: float) -> dict[str, Any]:
+    def spot_view(self, wall: float, fresh_s: float) -> SpotView:
         """What the policy may take as known of spot at ``wall``: its state if seen within
         ``fresh_s`` wall seconds, else ``None`` with the state last seen, its age then and how
         long ago (market seconds). Under the oracle every look sees spot."""
         seen_at = self.spot_seen_at if self.spot_seen_at is not None else self.last_seen
         if self.spot_last is None or seen_at is None:
-            return {"available": None, "age_s": 0.0, "unseen_s": 0.0, "seen": None, "source": ""}
+            return SpotView()
         unseen = max(0.0, wall - seen_at)
         if unseen <= fresh_s:
-            return {
-                "available": self.spot_last,
-                "age_s": self.spot_age_s(wall),
-                "unseen_s": 0.0,
-                "seen": self.spot_last,
-                "source": self.spot_source,
-            }
-        return {
-            "available": None,
-            "age_s": self.spot_age_s(seen_at),
-            "unseen_s": unseen * self.time_scale,
-            "seen": self.spot_last,
-            "source": self.spot_source,
-        }
+            return SpotView.now(self.spot_last, self.spot_age_s(wall), self.spot_source)
+        return SpotView(
+            None,
+            self.spot_age_s(seen_at),
+            unseen * self.time_scale,
+            self.spot_last,
+            self.spot_source,
+        )
 
     def record_decision(
         self,

@@ -401,7 +401,7 @@ class SpotTrainingOperator(BaseOperator):
             store.set(STATE_KEY, state.to_dict())
         while True:
             try:  # (TaskDeferred is a BaseException: deferring passes through)
-                result = turn.advance(event)
+                result = turn.advance(time.time(), event)
                 store.set(STATE_KEY, state.to_dict())
                 if result.done:
                     return xcom_summary(result.summary or {})

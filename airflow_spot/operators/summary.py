@@ -163,8 +163,8 @@ def spot_signal(
             seen = available
     else:
         view = st.spot_view(now, fresh_s)
-        available, seen, source = view["available"], view["seen"], view["source"]
-        unseen_s = view["unseen_s"]
+        available, seen, source = view.available, view.seen, view.source
+        unseen_s = view.unseen_s
     if seen is None:
         return {
             "state": "unknown",

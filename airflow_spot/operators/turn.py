@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from airflow_spot.operators.capacity import SpotCapacity
 from airflow_spot.operators.job import MIN_STEPS_FOR_RATE, JobArgs, TaskIdentity
 from airflow_spot.operators.summary import Report
 from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
-from airflow_spot.policy import plan as plan_mod
+from airflow_spot.policy.model import SpotView, observe
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
 log = logging.getLogger(__name__)
@@ -72,17 +71,12 @@ class Turn:
         self.capacity = SpotCapacity(backend, state)
         self.attempt = LiveAttempt(args, ident, backend, state, checkpoints, self.capacity)
         self.report = Report(args, ident, state)
-        self.policy = get_policy(args.policy)
-        if plan_mod.CACHE_DIR is None:  # a deferred task resumes in a new process: keep plans
-            plan_mod.CACHE_DIR = os.environ.get("AIRFLOW_SPOT_PLAN_CACHE") or os.path.join(
-                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                "airflow-spot",
-                "plans",
-            )
+        # a deferred task resumes in a new process: its plans are kept on disk
+        self.policy = get_policy(args.policy, plan_cache=plan_cache_dir())
 
     # -- one turn ---------------------------------------------------------------------------
-    def advance(self, event: SpotEvent | None) -> StepResult:
-        now = time.time()
+    def advance(self, now: float, event: SpotEvent | None) -> StepResult:
+        """One turn at wall time ``now``, after the watcher's ``event`` (if any)."""
         st = self.state
         if event is not None and event.kind is EventKind.ERROR:
             log.warning("The watcher reported an error (%s); looking again.", event.message)
@@ -90,7 +84,7 @@ class Turn:
         if event is not None and event.handle and live and event.handle.same_attempt(live.handle):
             live.handle = event.handle  # what the watcher recorded (node, capacity, notices)
         ended, view = self._look(now)
-        spot = view["available"]
+        spot = view.available
         if ended is not None and ended.outcome == Outcome.SUCCEEDED.value:
             done = self._finish_if_complete(now)
             if done is not None:
@@ -123,16 +117,16 @@ class Turn:
                 now,
                 decision.capacity is Capacity.SPOT,
                 decision.look and not holds_spot,
-                self.ident.to_dict(),
+                self.ident,
                 job,
             )
-        self.act(decision, job)
+        self.act(decision, job, now)
         self.report.snapshot(now, job, obs)
         if st.coming is not None:  # a return to spot: hand over as soon as it is ready
             return StepResult(False, wake_at=now + self.args.poll_interval)
         return StepResult(False, wake_at=now + self.args.decision_interval.total_seconds())
 
-    def _look(self, now: float) -> tuple[Any, dict[str, Any]]:
+    def _look(self, now: float) -> tuple[Any, SpotView]:
         """Read the attempts and what shows spot; returns the attempt that ended (if any) and
         what the policy may take as known of spot (``JobState.spot_view``)."""
         st = self.state
@@ -277,7 +271,7 @@ class Turn:
                 f"{p.total} steps): {e}",
             ) from e
 
-    def _observe(self, now: float, p: Progress, job: JobSpec, view: dict[str, Any]) -> Observation:
+    def _observe(self, now: float, p: Progress, job: JobSpec, view: SpotView) -> Observation:
         """What the policy sees now; a deadline that cannot be met any more is an error.
 
         A spot return granted while on-demand trains on reads as spot launching, with
@@ -305,36 +299,22 @@ class Turn:
                 f"{_dur(time_left)} left (measured {p.sps:.1f} s per step); give more time or cut "
                 "the work",
             )
-        return Observation(
+        return observe(
             now_m,
             p.done_steps * p.sps,
             cap,
-            view["available"],
-            left,
-            st.preemptions,
-            view["age_s"],
-            st.spot_down_s,
-            st.spot_last_up_s,
-            st.spot_last_down_s,
-            view["unseen_s"],
-            view["seen"],
-            view["source"],
-            overlap,
+            view,
+            changeover_left_s=left,
+            preemptions=st.preemptions,
+            spot_down_s=st.spot_down_s,
+            last_up_s=st.spot_last_up_s,
+            last_down_s=st.spot_last_down_s,
+            overlap=overlap,
         )
 
-    def decide(
-        self, now: float, view: dict[str, Any] | bool | None
-    ) -> tuple[Decision, JobSpec, Observation]:
-        """Decide with what is seen of spot (``st.spot_view``; a bare bool: seen now)."""
+    def decide(self, now: float, view: SpotView) -> tuple[Decision, JobSpec, Observation]:
+        """Decide with what is seen of spot (:meth:`JobState.spot_view`)."""
         st = self.state
-        if not isinstance(view, dict):
-            view = {
-                "available": view,
-                "age_s": st.spot_age_s(now),
-                "unseen_s": 0.0,
-                "seen": view,
-                "source": st.spot_source,
-            }
         p = self._progress()
         job = self._job(p)
         obs = self._observe(now, p, job, view)
@@ -390,7 +370,7 @@ class Turn:
         return min(guard, max(0.0, st.deadline_s - work_s - changeover))
 
     # -- acting -----------------------------------------------------------------------------
-    def act(self, decision: Decision, job: JobSpec) -> None:
+    def act(self, decision: Decision, job: JobSpec, now: float) -> None:
         live = self.state.live
         want = decision.capacity
         reason = f"stopped to switch to {want.value}: {decision.reason}"
@@ -420,7 +400,7 @@ class Turn:
         ):
             return  # waiting for spot: the job's own spot request is the look (it holds nothing)
         if live is not None and Capacity(live.capacity) is want:
-            if not self.capacity.stranded(live, time.time()):
+            if not self.capacity.stranded(live, now):
                 return
             reason = f"moved: pool {live.pool} has no spot capacity while another pool has"
         if live is not None:
@@ -442,6 +422,16 @@ def spot_signal_text(obs: Observation) -> str:
         return "unknown (never seen)"
     was = "up" if obs.spot_seen else "down"
     return f"unknown for {obs.spot_unseen_s / HOUR:.2f} h ({was} when last seen{src})"
+
+
+def plan_cache_dir() -> str:
+    """The folder deadline_aware keeps its plans in: ``$AIRFLOW_SPOT_PLAN_CACHE``, else
+    ``$XDG_CACHE_HOME/airflow-spot/plans`` (``~/.cache`` without it)."""
+    return os.environ.get("AIRFLOW_SPOT_PLAN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+        "airflow-spot",
+        "plans",
+    )
 
 
 def _dur(seconds: float) -> str:

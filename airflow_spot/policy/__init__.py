@@ -11,7 +11,16 @@ from airflow_spot.policy import baselines as _baselines  # noqa: F401  (register
 from airflow_spot.policy import deadline_aware as _deadline_aware  # noqa: F401
 from airflow_spot.policy import reserve as _reserve  # noqa: F401
 from airflow_spot.policy.base import Policy, get_policy, policy_names, register, safety_net
-from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
+from airflow_spot.policy.model import (
+    HOUR,
+    Capacity,
+    Decision,
+    JobSpec,
+    Observation,
+    SpotView,
+    observation,
+    observe,
+)
 
 __all__ = [
     "HOUR",
@@ -23,5 +32,8 @@ __all__ = [
     "get_policy",
     "policy_names",
     "register",
+    "SpotView",
+    "observation",
+    "observe",
     "safety_net",
 ]

@@ -76,6 +76,9 @@ class Policy:
 
     name: ClassVar[str] = ""
     unsafe: ClassVar[bool] = False  # only a deliberately unsafe baseline skips the safety net
+    # the folder a policy that solves plans keeps them in (None: in memory only); the caller's
+    # to give (get_policy(plan_cache=...)): the pure core reads no environment
+    plan_cache: str | None = None
 
     def decide(self, job: JobSpec, obs: Observation) -> Decision:
         if job.work_s - obs.done_s <= EPS:
@@ -182,12 +185,20 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def get_policy(name: str) -> Policy:
+def get_policy(name: str, plan_cache: str | None = None) -> Policy:
     """A fresh policy by name; unknown names raise :class:`UnknownPolicy` listing the choices.
 
     ``name@option`` passes one option to a policy that takes one (``deadline_aware@aws-p3``:
-    the availability prior fitted on that trace family).
+    the availability prior fitted on that trace family). ``plan_cache``: the folder a policy
+    that solves plans keeps them in (:attr:`Policy.plan_cache`).
     """
+    policy = _new_policy(name)
+    if plan_cache is not None:
+        policy.plan_cache = plan_cache
+    return policy
+
+
+def _new_policy(name: str) -> Policy:
     base, _, option = name.partition("@")
     try:
         factory = _REGISTRY[base]

@@ -130,7 +130,7 @@ class DeadlineAware(Policy):
         # a slack that outgrew the last plan (the live guard shrinks as the work gets done)
         # will grow again: give the next plan room; a simulated job's shape never drifts
         grew = any(plans.same_but_slack(have, key) for _, have, *_ in self._plans)
-        plan = plans.solve_shape(key, room=1.25 if grew else 1.0)
+        plan = plans.solve_shape(key, room=1.25 if grew else 1.0, cache_dir=self.plan_cache)
         key = (*key[:4], plan.max_slack, *key[5:])
         self._plans.insert(0, (self.model, key, plan, model))
         del self._plans[KEEP_PLANS:]

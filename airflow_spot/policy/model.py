@@ -7,7 +7,7 @@ callers convert wall clocks at the edge. Nothing here reads a clock.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
 from airflow_spot.exceptions import InfeasibleDeadline, InvalidJobSpec, finite_number
@@ -124,6 +124,122 @@ class Observation:
     spot_seen: bool | None = None
     spot_source: str = ""
     overlap: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SpotView:
+    """What the policy may take as known of spot at one look (times in market seconds).
+
+    :param available: spot's state if seen now, else ``None``.
+    :param age_s: how long spot had been in that state when it was last seen.
+    :param unseen_s: how long ago it was last seen (0: seen now).
+    :param seen: its state when last seen (``None``: never seen).
+    :param source: what showed it (:data:`airflow_spot.backends.signals.SOURCES`).
+    """
+
+    available: bool | None = None
+    age_s: float = 0.0
+    unseen_s: float = 0.0
+    seen: bool | None = None
+    source: str = ""
+
+    @classmethod
+    def now(cls, up: bool | None, age_s: float, source: str = "") -> SpotView:
+        """Spot's state ``up`` seen at this very look (``None``: not seen)."""
+        return cls(up, age_s, 0.0, up, source)
+
+
+def _observation_builder():  # type: ignore[no-untyped-def]
+    """The named builder of an :class:`Observation` (every field, in its order), made without
+    a frozen dataclass's ``object.__setattr__`` per field: the simulator builds one per look.
+    Falls back to the class itself where the fields are not the 14 it was written for."""
+    names = tuple(f.name for f in fields(Observation))
+    if names != _OBS_FIELDS or hasattr(Observation, "__post_init__"):
+        return Observation
+    new = object.__new__
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13 = (
+        getattr(Observation, n).__set__ for n in names
+    )
+
+    def observation(
+        now: float,
+        done_s: float,
+        capacity: Capacity,
+        spot_available: bool | None,
+        changeover_left_s: float,
+        preemptions: int,
+        spot_age_s: float,
+        spot_down_s: float,
+        last_up_s: float | None,
+        last_down_s: float | None,
+        spot_unseen_s: float,
+        spot_seen: bool | None,
+        spot_source: str,
+        overlap: bool,
+    ) -> Observation:
+        o = new(Observation)
+        s0(o, now), s1(o, done_s), s2(o, capacity), s3(o, spot_available)
+        s4(o, changeover_left_s), s5(o, preemptions), s6(o, spot_age_s), s7(o, spot_down_s)
+        s8(o, last_up_s), s9(o, last_down_s), s10(o, spot_unseen_s), s11(o, spot_seen)
+        s12(o, spot_source), s13(o, overlap)
+        return o
+
+    return observation
+
+
+_OBS_FIELDS = (
+    "now",
+    "done_s",
+    "capacity",
+    "spot_available",
+    "changeover_left_s",
+    "preemptions",
+    "spot_age_s",
+    "spot_down_s",
+    "last_up_s",
+    "last_down_s",
+    "spot_unseen_s",
+    "spot_seen",
+    "spot_source",
+    "overlap",
+)
+# observation(now, done_s, capacity, spot_available, changeover_left_s, preemptions, spot_age_s,
+#             spot_down_s, last_up_s, last_down_s, spot_unseen_s, spot_seen, spot_source, overlap)
+# the one builder the simulator (positionally, per look) and the operator (by name) call
+observation = _observation_builder()
+
+
+def observe(
+    now: float,
+    done_s: float,
+    capacity: Capacity,
+    view: SpotView,
+    *,
+    changeover_left_s: float = 0.0,
+    preemptions: int = 0,
+    spot_down_s: float = 0.0,
+    last_up_s: float | None = None,
+    last_down_s: float | None = None,
+    overlap: bool = False,
+) -> Observation:
+    """An :class:`Observation` from what is seen of spot (:class:`SpotView`) and the job's own
+    figures: what the operator and a look of the simulator outside its hot loop call."""
+    return observation(
+        now,
+        done_s,
+        capacity,
+        view.available,
+        changeover_left_s,
+        preemptions,
+        view.age_s,
+        spot_down_s,
+        last_up_s,
+        last_down_s,
+        view.unseen_s,
+        view.seen,
+        view.source,
+        overlap,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,13 +127,14 @@ def serves(have: tuple, want: tuple) -> bool:
     return same_but_slack(have, want) and have[4] >= want[4]
 
 
-def solve(*args: Any, **kwargs: Any) -> Plan:
+def solve(*args: Any, cache_dir: str | None = None, **kwargs: Any) -> Plan:
     """The plan for one job shape: :func:`solve_shape` of :func:`shape` (same arguments)."""
-    return solve_shape(shape(*args, **kwargs))
+    return solve_shape(shape(*args, **kwargs), cache_dir=cache_dir)
 
 
-def solve_shape(key: tuple, room: float = 1.0) -> Plan:
-    """The plan of shape ``key``: from memory, from :data:`CACHE_DIR` when set, or solved
+def solve_shape(key: tuple, room: float = 1.0, cache_dir: str | None = None) -> Plan:
+    """The plan of shape ``key``: from memory, from the folder ``cache_dir`` when given (the
+    caller's: a deferred task resumes in a new process, and plans outlive it), or solved
     (with ``room`` times the slack range, for a slack that will grow).
 
     A cached file is named by the shape less its slack range and is used when its range
@@ -143,9 +144,9 @@ def solve_shape(key: tuple, room: float = 1.0) -> Plan:
         key, need = (*key[:4], grid_up(key[4] * room), *key[5:]), key[4]
     else:
         need = key[4]
-    if CACHE_DIR is None:
+    if cache_dir is None:
         return _solve(*key)
-    return _stored(key, need, CACHE_DIR)
+    return _stored(key, need, cache_dir)
 
 
 @lru_cache(maxsize=8)
@@ -168,8 +169,7 @@ def _stored(key: tuple, need: int, cache_dir: str) -> Plan:
     return plan
 
 
-FORMAT = 2  # of the files in CACHE_DIR (1: uncompressed bits, keyed with the slack range)
-CACHE_DIR: str | None = None  # set by the operator: plans outlive the worker process
+FORMAT = 2  # of the files in a cache folder (1: uncompressed bits, keyed with the slack range)
 
 
 def _digest(key: tuple) -> str:

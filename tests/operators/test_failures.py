@@ -18,6 +18,7 @@ from airflow_spot.jobstate import AttemptHandle
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.spot_training import STATE_KEY
 from airflow_spot.operators.turn import Turn
+from airflow_spot.policy.model import SpotView
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
@@ -56,7 +57,7 @@ def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_i
         op.execute(make_context(store, try_number=1, max_tries=1))
     handle = AttemptHandle.from_dict(store.get(STATE_KEY)["attempts"][0]["handle"])
 
-    def hiccup(self, event):
+    def hiccup(self, now, event):
         raise RuntimeError("the checkpoint store timed out")
 
     monkeypatch.setattr(Turn, "advance", hiccup)
@@ -134,7 +135,7 @@ def test_a_running_attempt_ahead_of_its_checkpoint_is_not_declared_late(tmp_path
     ctl = _op(tmp_path, timedelta(hours=1)).turn(
         st, make_context(FileTaskStateStore(tmp_path / "s"))
     )
-    decision, _, obs = ctl.decide(now, True)
+    decision, _, obs = ctl.decide(now, SpotView.now(True, st.spot_age_s(now), st.spot_source))
     assert decision.capacity is Capacity.SPOT
     assert obs.done_s == 0.0  # the policy still counts only checkpointed spot work
 
@@ -433,3 +434,22 @@ def test_a_save_longer_than_the_preemption_grace_is_warned_about_once(
     assert st["save_s"] >= 0.6 and st["save_warned"] is True
     warned = [r.getMessage() for r in caplog.records if "A checkpoint save took" in r.getMessage()]
     assert len(warned) == 1 and "longer than the 0.4 s" in warned[0]
+
+
+def test_the_turn_hands_its_policy_the_plan_cache_folder(tmp_path: Path, monkeypatch) -> None:
+    """The plan cache folder is the operator's to read (``$AIRFLOW_SPOT_PLAN_CACHE``, else the
+    XDG cache); the policy gets it as an argument (the pure core reads no environment)."""
+    from airflow_spot.jobstate import JobState
+    from airflow_spot.operators.turn import plan_cache_dir
+    from airflow_spot.testing import FileTaskStateStore, make_context
+
+    monkeypatch.setenv("AIRFLOW_SPOT_PLAN_CACHE", str(tmp_path / "plans"))
+    assert plan_cache_dir() == str(tmp_path / "plans")
+    monkeypatch.delenv("AIRFLOW_SPOT_PLAN_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert plan_cache_dir() == str(tmp_path / "xdg" / "airflow-spot" / "plans")
+    st = JobState(started_at=time.time(), deadline_at=time.time() + 3600)
+    turn = _op(tmp_path, timedelta(hours=1)).turn(
+        st, make_context(FileTaskStateStore(tmp_path / "s"))
+    )
+    assert turn.policy.plan_cache == str(tmp_path / "xdg" / "airflow-spot" / "plans")

@@ -602,14 +602,14 @@ def test_the_snapshot_says_spot_is_unknown_when_long_unseen() -> None:
     st.see_spot(False, T0 + 0.5 * H, "probe")
     now = T0 + 0.85 * H  # 0.35 wall hours later: 0.7 market hours
     view = st.spot_view(now, 30.0)
-    assert view["available"] is None
+    assert view.available is None
     obs = Observation(
         now=st.market_s(now),
         done_s=0.0,
         spot_available=None,
-        spot_unseen_s=view["unseen_s"],
-        spot_seen=view["seen"],
-        spot_source=view["source"],
+        spot_unseen_s=view.unseen_s,
+        spot_seen=view.seen,
+        spot_source=view.source,
     )
     job = JobSpec(work_s=4 * H, deadline_s=st.deadline_s, changeover_s=360.0)
     _report(st).snapshot(now, job, obs)

@@ -235,18 +235,17 @@ def test_plans_cache_on_disk_and_reject_damaged_files(tmp_path, monkeypatch) -> 
     a damaged file is solved again and rewritten."""
     import airflow_spot.policy.plan as plan_mod
 
-    monkeypatch.setattr(plan_mod, "CACHE_DIR", str(tmp_path))
     args = (MODEL, 600.0, 720.0, 0.9731, 3.06, 4 * HOUR, 72)
-    first = solve(*args)
+    first = solve(*args, cache_dir=str(tmp_path))
     (path,) = tmp_path.glob("plan-*.bin")
     again = load(path)
     assert again == first
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ValueError):
         load(path)
-    assert solve(*args) == first  # this process keeps it in memory
+    assert solve(*args, cache_dir=str(tmp_path)) == first  # this process keeps it in memory
     plan_mod._stored.cache_clear()  # a later process
-    assert solve(*args) == first and load(path) == first
+    assert solve(*args, cache_dir=str(tmp_path)) == first and load(path) == first
     save(first, tmp_path / "copy.bin")
     assert load(tmp_path / "copy.bin").cheap(10, 0, True, 0, 30) == first.cheap(10, 0, True, 0, 30)
 
@@ -258,11 +257,10 @@ def test_a_live_job_whose_shape_drifts_solves_few_plans(tmp_path, monkeypatch) -
     disk for the README's 60 h job)."""
     import airflow_spot.policy.plan as plan_mod
 
-    monkeypatch.setattr(plan_mod, "CACHE_DIR", str(tmp_path))
     solved = []
     real = plan_mod._solve.__wrapped__
     monkeypatch.setattr(plan_mod, "_solve", lambda *key: solved.append(key) or real(*key))
-    policy = DeadlineAware()
+    policy = get_policy("deadline_aware", plan_cache=str(tmp_path))
     rng = random.Random(3)
     decisions = []
     for i in range(60):
@@ -281,7 +279,7 @@ def test_a_live_job_whose_shape_drifts_solves_few_plans(tmp_path, monkeypatch) -
     # a new process (nothing in memory) finds the stored plan instead of solving again
     solved.clear()
     plan_mod._stored.cache_clear()
-    DeadlineAware().decide(job, obs)
+    get_policy("deadline_aware", plan_cache=str(tmp_path)).decide(job, obs)
     assert solved == []
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -128,7 +130,8 @@ def test_no_safe_policy_misses_a_feasible_deadline(name: str) -> None:
     """On 150 random markets (from always-up to nearly-always-down) and tight to loose deadlines,
     every policy on the safety net meets the deadline."""
     rng = np.random.default_rng(7)
-    policy = get_policy(name)
+    # 15 job shapes, drawn at random: their plans are kept on disk (more than memory's 8)
+    policy = get_policy(name, plan_cache=os.environ["AIRFLOW_SPOT_PLAN_CACHE"])
     for k in range(150):
         trace = _random_trace(rng, p_up=rng.uniform(0.02, 0.98), mean_run=rng.uniform(1, 30))
         job = JobSpec(
