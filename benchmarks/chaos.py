@@ -5,7 +5,7 @@
 
 Starts what ``tests/deployment`` starts (a private PostgreSQL, ``airflow db migrate``, the
 scheduler with LocalExecutor, dag-processor, triggerer and api-server, all on 127.0.0.1), and
-moto's S3 server on 127.0.0.1 behind :class:`airflow_spot.testing_faults.FaultProxy`. The spot
+moto's S3 server on 127.0.0.1 behind :class:`airflow_spot.testing.faults.FaultProxy`. The spot
 training DAG checkpoints to ``s3://spot-chaos/ckpt/<run>``; the training process (through the
 backend's ``extra_env``) and the operator (through the components' environment) reach S3 only
 through the proxy. Preemptions come from a real trace (the bundled us-west-2a V100 window at
@@ -87,9 +87,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "deployment"))
 import conftest as deploy  # noqa: E402  (the deployment the tests start)
 
-from airflow_spot.checkpoint.stores import S3_RETRY_ENV, LocalStore, S3Store, Store  # noqa: E402
+from airflow_spot.checkpoint import LocalStore, S3Store, Store  # noqa: E402
+from airflow_spot.checkpoint.s3 import S3_RETRY_ENV  # noqa: E402
 from airflow_spot.testing import train_command  # noqa: E402
-from airflow_spot.testing_faults import FaultProxy, Mode, Request  # noqa: E402
+from airflow_spot.testing.faults import FaultProxy, Mode, Request  # noqa: E402
 
 DAG_ID = "spot_chaos"
 PROCESS_FAULTS = (
@@ -518,7 +519,7 @@ def main() -> None:
     if bin_dir is None:
         sys.exit("chaos: PostgreSQL is not installed (apt-get install -y postgresql)")
     if args.kube_runs:  # the test cluster's binaries, built now if missing (not mid-run)
-        from airflow_spot.testing_cluster.plane import ensure_binaries
+        from airflow_spot.testing.cluster.plane import ensure_binaries
 
         ensure_binaries()
     s3 = S3(args.seed)

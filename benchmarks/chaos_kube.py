@@ -5,7 +5,7 @@
 The same real deployment as ``benchmarks/chaos.py`` (PostgreSQL, scheduler with
 LocalExecutor, dag-processor, triggerer and api-server, each its own process on 127.0.0.1),
 with a DAG on the Kubernetes backend against the test cluster
-(:mod:`airflow_spot.testing_cluster`: real etcd, kube-apiserver, controller-manager, scheduler
+(:mod:`airflow_spot.testing.cluster`: real etcd, kube-apiserver, controller-manager, scheduler
 and kwok; our kubelet runs the pods as local processes). The task reaches the cluster through
 an Airflow Kubernetes connection that holds ``docker/rbac.yaml``'s ServiceAccount token, and
 through :func:`kube_fault_proxy`, a TLS-terminating fault proxy in front of the API server.
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests" / "deployment"))
 import conftest as deploy  # noqa: E402  (the deployment the tests start)
 
 from airflow_spot.simulate.traces import load_trace  # noqa: E402
-from airflow_spot.testing_faults import FaultProxy, Mode, kube_fault_proxy  # noqa: E402
+from airflow_spot.testing.faults import FaultProxy, Mode, kube_fault_proxy  # noqa: E402
 
 DAG_ID = "spot_chaos_k8s"
 NS = "ml-training"
@@ -148,10 +148,10 @@ class KubeChaos:
         from kubernetes import client
 
         from airflow_spot.backends.kubernetes.probe import build_priority_class
-        from airflow_spot.testing_cluster import ControlPlane, write_kubeconfig
-        from airflow_spot.testing_cluster.kubelet import Kubelet
-        from airflow_spot.testing_cluster.plane import free_port
-        from airflow_spot.testing_cluster.pytest_plugin import anchors
+        from airflow_spot.testing.cluster import ControlPlane, write_kubeconfig
+        from airflow_spot.testing.cluster.kubelet import Kubelet
+        from airflow_spot.testing.cluster.plane import free_port
+        from airflow_spot.testing.cluster.pytest_plugin import anchors
 
         port = free_port()
         self.plane = ControlPlane(self.root / "plane", kubelet_port=port).start()

@@ -21,7 +21,7 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 
 # the real Kubernetes control plane (issue 20): kube_control_plane / kube_cluster fixtures
-pytest_plugins = ["airflow_spot.testing_cluster.pytest_plugin"]
+pytest_plugins = ["airflow_spot.testing.cluster.pytest_plugin"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -31,7 +31,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 def pytest_report_header(config) -> str:  # noqa: ARG001 - pytest's signature
     """Name the real control plane's version (or say it is built on first use)."""
-    from airflow_spot.testing_cluster.plane import bin_dir, missing_binaries
+    from airflow_spot.testing.cluster.plane import bin_dir, missing_binaries
 
     where = bin_dir()
     if missing_binaries(where):

@@ -6,9 +6,12 @@ nothing here imports Airflow.
 
 from __future__ import annotations
 
+from airflow_spot.checkpoint.base import Store
 from airflow_spot.checkpoint.checkpoints import Checkpoints
+from airflow_spot.checkpoint.local import LocalStore
 from airflow_spot.checkpoint.manifest import FileEntry, Manifest
-from airflow_spot.checkpoint.stores import LocalStore, S3Store, Store, open_store, validate_uri
+from airflow_spot.checkpoint.s3 import S3Store
+from airflow_spot.checkpoint.stores import open_store, validate_uri
 
 __all__ = [
     "Checkpoints",

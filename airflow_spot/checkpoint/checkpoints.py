@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from airflow_spot.checkpoint.base import Store, file_digest, safe_key
 from airflow_spot.checkpoint.manifest import (
     MANIFEST,
     OWNER,
@@ -34,7 +35,6 @@ from airflow_spot.checkpoint.manifest import (
     Manifest,
     checkpoint_name,
 )
-from airflow_spot.checkpoint.stores import Store, file_digest, safe_key
 from airflow_spot.exceptions import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)

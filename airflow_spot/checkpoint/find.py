@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from airflow_spot.checkpoint.base import Store
 from airflow_spot.checkpoint.checkpoints import Checkpoints
-from airflow_spot.checkpoint.stores import Store
 
 
 def find_checkpoint(

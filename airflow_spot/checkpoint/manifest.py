@@ -10,7 +10,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_spot.checkpoint.stores import safe_key
+from airflow_spot.checkpoint.base import safe_key
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"

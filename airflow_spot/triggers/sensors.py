@@ -15,7 +15,7 @@ from airflow_spot.triggers.base import SpotPollingTrigger
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
 if TYPE_CHECKING:
-    from airflow_spot.checkpoint.stores import Store
+    from airflow_spot.checkpoint.base import Store
     from airflow_spot.hooks.aws import SpotMarketHook
 
 

@@ -356,7 +356,7 @@ def test_a_file_changed_while_it_is_saved_or_a_name_both_file_and_folder_is_refu
     """A model file rewritten between the hash and the copy would leave a manifest that does
     not match; the save is refused naming the file. A name that is also a folder of another
     file is refused before anything is written."""
-    from airflow_spot.checkpoint import stores
+    from airflow_spot.checkpoint import local
 
     model = tmp_path / "model.pt"
     model.write_bytes(b"a" * 100)
@@ -366,7 +366,7 @@ def test_a_file_changed_while_it_is_saved_or_a_name_both_file_and_folder_is_refu
         Path(path).write_bytes(b"b" * 100)
         put_file(self, key, path)
 
-    monkeypatch.setattr(stores.LocalStore, "put_file", rewrite_then_put)
+    monkeypatch.setattr(local.LocalStore, "put_file", rewrite_then_put)
     with pytest.raises(CheckpointError, match="model.pt: .* changed while it was being saved"):
         _ckpts(tmp_path).save(1, {"model.pt": model}, now=0)
     assert _ckpts(tmp_path).manifests() == []

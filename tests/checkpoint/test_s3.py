@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from airflow_spot.checkpoint import Checkpoints, open_store
-from airflow_spot.checkpoint.stores import S3Store
+from airflow_spot.checkpoint.s3 import S3Store
 from airflow_spot.exceptions import CheckpointError
 from airflow_spot.testing import train_command
 
@@ -180,11 +180,11 @@ def test_big_files_go_to_s3_in_parts_and_a_watcher_reads_only_their_size(
     """A file above the multipart size is uploaded and downloaded in parts (one PUT stops at
     5 GB), given as a path or as bytes; a watcher with ``hash_up_to`` checks it with HEAD
     alone (no GetObject), and resume_to downloads it whole."""
-    from airflow_spot.checkpoint import stores
+    from airflow_spot.checkpoint import s3
     from airflow_spot.checkpoint.training import TrainingSession
 
-    monkeypatch.setattr(stores, "MULTIPART_FROM", 5 << 20)  # S3's smallest part
-    monkeypatch.setattr(stores, "SINGLE_PUT_MAX", 5 << 20)  # bytes above it go in parts too
+    monkeypatch.setattr(s3, "MULTIPART_FROM", 5 << 20)  # S3's smallest part
+    monkeypatch.setattr(s3, "SINGLE_PUT_MAX", 5 << 20)  # bytes above it go in parts too
     big = tmp_path / "model.pt"
     big.write_bytes(os.urandom(12 << 20))
     s = TrainingSession("s3://spot-ckpt/big", total_steps=10, save_every=5)

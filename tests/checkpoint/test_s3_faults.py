@@ -21,10 +21,10 @@ from botocore.exceptions import (
 )
 
 from airflow_spot.checkpoint import open_store
-from airflow_spot.checkpoint.stores import S3_RETRY_ENV, _transient
+from airflow_spot.checkpoint.s3 import S3_RETRY_ENV, _transient
 from airflow_spot.checkpoint.training import TrainingSession
 from airflow_spot.exceptions import CheckpointError
-from airflow_spot.testing_faults import FaultProxy, Mode
+from airflow_spot.testing.faults import FaultProxy, Mode
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Fakes for tests, ours and our users': a task state store, a task instance, a context, a
-scripted spot market. No mocks: these are small working implementations."""
+scripted spot market, the bundled example training's command, and the modules an import
+loads. No mocks: these are small working implementations."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def wait_running(backend: Any, handle: Any, timeout: float = 60.0, every: float 
     while time.monotonic() < until:
         st = look(backend, handle)
         if st.state is State.RUNNING:
-            pod = backend.api.read_namespaced_pod(handle.pod, backend.namespace)
+            pod = backend.api.core.read_namespaced_pod(handle.pod, backend.namespace)
             return pod.spec.node_name
         assert not st.terminal, st
         time.sleep(every)

@@ -41,14 +41,16 @@ from typing import Any
 
 import yaml
 
-from airflow_spot.testing_cluster.plane import (
+from airflow_spot.testing.cluster.plane import (
     _BUILD,
     BIN_ENV,
     KWOK_LABEL,
     ControlPlane,
     ControlPlaneError,
     bin_dir,
+    binaries_needed,
     free_port,
+    in_checkout,
     spawn,
     terminate,
 )
@@ -78,16 +80,29 @@ def module_dir() -> Path:
     return bin_dir().parent / "src" / f"karpenter@{KARPENTER_VERSION}-loopback"
 
 
+def built(where: Path | None = None) -> bool:
+    """Whether karpenter-kwok is in ``where`` (the binaries' folder), built patched (its stamp
+    beside it)."""
+    where = where or bin_dir()
+    return os.access(where / BINARY, os.X_OK) and (where / STAMP).exists()
+
+
+def karpenter_needed(where: Path) -> str:
+    """What Karpenter run from an installed package needs (see :func:`.plane.binaries_needed`)."""
+    return binaries_needed(where, [BINARY]) + (
+        f"; `tools/k8s/build.sh {BINARY}` builds it to bind 127.0.0.1 and keeps beside it the "
+        f"copy of Karpenter's module whose CRDs are applied ({module_dir()})"
+    )
+
+
 def ensure_karpenter(build: bool = True) -> Path:
     """The karpenter-kwok binary, built patched first (``tools/k8s/build.sh``) if missing."""
     where = bin_dir()
-
-    def built() -> bool:
-        return os.access(where / BINARY, os.X_OK) and (where / STAMP).exists()
-
-    if not built() and build and _BUILD.exists() and not os.environ.get(BIN_ENV):
+    if not built(where) and build and _BUILD.exists() and not os.environ.get(BIN_ENV):
         subprocess.run(["bash", str(_BUILD), BINARY], check=True)
-    if not built():
+    if not (built(where) and module_dir().is_dir()) and not in_checkout():
+        raise ControlPlaneError(karpenter_needed(where))
+    if not built(where):
         raise ControlPlaneError(
             f"{BINARY} (built to bind 127.0.0.1, stamp {STAMP}) missing from {where}: build it "
             f"with tools/k8s/build.sh {BINARY}"

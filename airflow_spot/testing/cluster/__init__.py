@@ -10,9 +10,15 @@
 
 Only the containers and the cloud are emulated; scheduling, admission, RBAC, eviction, the
 node lifecycle controller, the taint manager and pod GC are the real components'.
+
+The binaries are built from a checkout of the repository (``tools/k8s/``, which a wheel does
+not ship); an installed package finds them in ``~/.cache/airflow-spot/k8s/<version>/bin``
+(``$AIRFLOW_SPOT_K8S_CACHE``, ``$AIRFLOW_SPOT_K8S_BIN``), and without them fails (the pytest
+fixtures skip) saying what is needed. Also here: :mod:`.looks` (a test's looks at an attempt),
+:mod:`.autoscaler` (cluster-autoscaler's status ConfigMap), :mod:`.pytest_plugin`.
 """
 
-from airflow_spot.testing_cluster.plane import (
+from airflow_spot.testing.cluster.plane import (
     VERSION,
     ControlPlane,
     ControlPlaneError,

@@ -4,6 +4,8 @@ kube-scheduler and kwok (node heartbeats and leases), each a process of its own.
 The binaries are built from Go modules by ``tools/k8s/build.sh`` (issue 20) into
 ``~/.cache/airflow-spot/k8s/<version>/bin`` (``AIRFLOW_SPOT_K8S_BIN`` points elsewhere). Nodes
 are simulated (kwok keeps them Ready); what runs on them is :class:`~.kubelet.Kubelet`'s.
+Only a checkout of the repository has ``tools/k8s/``: an installed package starts a plane
+from binaries built there, and says so (:func:`binaries_needed`) when they are missing.
 
     with ControlPlane(tmp_path).start() as cp:
         cp.add_node("spot-1", {"karpenter.sh/capacity-type": "spot"}, gpus=1)
@@ -30,13 +32,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_spot.testing_cluster import pki
+from airflow_spot.testing.cluster import pki
 
 VERSION = "v1.34.4"
 BIN_ENV = "AIRFLOW_SPOT_K8S_BIN"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 KWOK_LABEL = ("airflow-spot/kwok", "managed")  # kwok keeps nodes with this label alive
-_BUILD = Path(__file__).resolve().parents[2] / "tools" / "k8s" / "build.sh"
+CACHE_ENV = "AIRFLOW_SPOT_K8S_CACHE"  # build.sh's cache folder (the binaries in <version>/bin)
+REPOSITORY = "https://github.com/airflow-spot/airflow-spot"
+# the build script of the checkout this package runs from; an installed wheel has none
+_BUILD = Path(__file__).resolve().parents[3] / "tools" / "k8s" / "build.sh"
 
 # kwok's own node stages (sigs.k8s.io/kwok v0.8.0 kustomize/stage/node, Apache-2.0), and only
 # those: any Stage given replaces all of kwok's defaults, so kwok leaves pods to our kubelet.
@@ -138,15 +143,33 @@ def bin_dir() -> Path:
     """Where the binaries are: ``$AIRFLOW_SPOT_K8S_BIN`` or the build script's cache."""
     if os.environ.get(BIN_ENV):
         return Path(os.environ[BIN_ENV])
-    root = os.environ.get("AIRFLOW_SPOT_K8S_CACHE") or str(
-        Path.home() / ".cache" / "airflow-spot" / "k8s"
-    )
+    root = os.environ.get(CACHE_ENV) or str(Path.home() / ".cache" / "airflow-spot" / "k8s")
     return Path(root) / VERSION / "bin"
 
 
 def missing_binaries(where: Path | None = None) -> list[str]:
     where = where or bin_dir()
     return [b for b in BINARIES if not os.access(where / b, os.X_OK)]
+
+
+def in_checkout() -> bool:
+    """Whether this package runs from a checkout of the repository, whose
+    ``tools/k8s/build.sh`` can build missing binaries (an installed wheel cannot)."""
+    return _BUILD.exists()
+
+
+def binaries_needed(where: Path, missing: Sequence[str]) -> str:
+    """What a plane run from an installed package needs, and how to get it: the binaries are
+    built from a checkout, where the Go modules that pin them live."""
+    return (
+        f"Kubernetes binaries missing from {where}: {', '.join(missing)}. This airflow_spot is "
+        f"installed, not a checkout (there is no tools/k8s/build.sh in {_BUILD.parents[2]}), "
+        f"and only a checkout builds them: git clone {REPOSITORY}, then run "
+        "tools/k8s/build.sh there (a Go toolchain as new as tools/k8s/*/go.mod ask, and the Go "
+        "module proxy; cold: about 30 min on 2 cores). It writes them to "
+        f"~/.cache/airflow-spot/k8s/{VERSION}/bin (${CACHE_ENV}/{VERSION}/bin if set), where "
+        f"this package looks; or set {BIN_ENV} to a folder that holds them"
+    )
 
 
 def ensure_binaries(build: bool = True) -> Path:
@@ -156,6 +179,8 @@ def ensure_binaries(build: bool = True) -> Path:
     if missing and build and _BUILD.exists() and not os.environ.get(BIN_ENV):
         subprocess.run(["bash", str(_BUILD), *missing], check=True)
         missing = missing_binaries(where)
+    if missing and not in_checkout():
+        raise ControlPlaneError(binaries_needed(where, missing))
     if missing:
         raise ControlPlaneError(
             f"Kubernetes binaries missing from {where}: {', '.join(missing)}; build them with "

@@ -48,11 +48,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from airflow_spot.backends.kubernetes.classify import SHUTDOWN_MESSAGES
-from airflow_spot.testing_cluster import pki
-from airflow_spot.testing_cluster.karpenter import NODEPOOL_LABEL as KARPENTER_NODEPOOL
-from airflow_spot.testing_cluster.karpenter import REGISTERED_LABEL, STARTUP_TAINT
-from airflow_spot.testing_cluster.plane import KWOK_LABEL, free_port
+from airflow_spot.backends.kubernetes.vocabulary import SHUTDOWN_MESSAGES
+from airflow_spot.testing.cluster import pki
+from airflow_spot.testing.cluster.karpenter import NODEPOOL_LABEL as KARPENTER_NODEPOOL
+from airflow_spot.testing.cluster.karpenter import REGISTERED_LABEL, STARTUP_TAINT
+from airflow_spot.testing.cluster.plane import KWOK_LABEL, free_port
 
 SHUTDOWN_MSG = SHUTDOWN_MESSAGES[0]  # the kubelet's own words, as the classifier reads them
 RECLAIMS = ("delete", "unreachable", "drain", "shutdown")

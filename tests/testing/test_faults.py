@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from airflow_spot.testing_faults import KUBERNETES_ANSWERS, FaultProxy, Mode
+from airflow_spot.testing.faults import KUBERNETES_ANSWERS, FaultProxy, Mode
 
 BODY = b"0123456789" * 100
 

@@ -1,5 +1,5 @@
 """pytest fixtures for a real control plane; in a ``conftest.py``:
-``pytest_plugins = ["airflow_spot.testing_cluster.pytest_plugin"]``.
+``pytest_plugins = ["airflow_spot.testing.cluster.pytest_plugin"]``.
 
 * ``kube_control_plane`` (session): the :class:`~.plane.ControlPlane` and its
   :class:`~.kubelet.Kubelet`, started once (the binaries built first if missing);
@@ -10,6 +10,12 @@
 * ``karpenter_cluster`` (function): ``kube_cluster`` whose namespace Karpenter serves (our
   kubelet makes no node for its pods, and runs their pods on Karpenter's nodes); at the end the
   test's pods are deleted, then Karpenter's NodeClaims, and their nodes are waited for.
+
+Run from an installed package (no ``tools/k8s/build.sh`` beside it) without the binaries, the
+tests that ask for these fixtures are skipped, and the reason says what they need
+(:func:`~.plane.binaries_needed`). pytest is imported only when it loads this plugin
+(:func:`pytest_configure` registers the fixtures): the package installs without pytest, and
+every module of it imports.
 """
 
 from __future__ import annotations
@@ -17,15 +23,25 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
-import pytest
+from airflow_spot.testing.cluster.karpenter import Karpenter, built, karpenter_needed, module_dir
+from airflow_spot.testing.cluster.kubelet import Kubelet
+from airflow_spot.testing.cluster.plane import (
+    ControlPlane,
+    bin_dir,
+    binaries_needed,
+    free_port,
+    in_checkout,
+    missing_binaries,
+)
 
-from airflow_spot.testing_cluster.karpenter import Karpenter
-from airflow_spot.testing_cluster.kubelet import Kubelet
-from airflow_spot.testing_cluster.plane import ControlPlane, free_port
+if TYPE_CHECKING:
+    import pytest
 
 _ns = itertools.count(1)
 
@@ -67,8 +83,20 @@ def anchors(kubelet: Kubelet, n: int = 2) -> list[str]:
     return names
 
 
-@pytest.fixture(scope="session")
+def _skip_outside_a_checkout(needed: str | None) -> None:
+    """Skip the test, saying what it ``needed``, when binaries are missing (``needed`` given)
+    and nothing here can build them (an installed package); in a checkout, starting the
+    plane builds them, or fails saying why."""
+    if needed and not in_checkout():
+        import pytest
+
+        pytest.skip(needed)
+
+
 def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The plane and its kubelet, with two anchor nodes, for the session."""
+    missing = missing_binaries()
+    _skip_outside_a_checkout(binaries_needed(bin_dir(), missing) if missing else None)
     root = Path(tmp_path_factory.mktemp("k8s"))
     port = free_port()
     plane = ControlPlane(root / "plane", kubelet_port=port).start()
@@ -82,8 +110,8 @@ def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clu
         plane.stop()
 
 
-@pytest.fixture
 def kube_cluster(kube_control_plane: Cluster) -> Iterator[Cluster]:
+    """The plane with a namespace of the test's own and no node of an earlier test."""
     from kubernetes import client
 
     c = kube_control_plane
@@ -121,8 +149,10 @@ def kube_cluster(kube_control_plane: Cluster) -> Iterator[Cluster]:
             c.api.delete_namespace(ns)
 
 
-@pytest.fixture(scope="session")
 def karpenter(kube_control_plane: Cluster) -> Iterator[Karpenter]:
+    """Karpenter's kwok provider against the plane, for the session."""
+    ready = built() and module_dir().is_dir()
+    _skip_outside_a_checkout(None if ready else karpenter_needed(bin_dir()))
     k = Karpenter(kube_control_plane.plane).start()
     try:
         yield k
@@ -130,8 +160,8 @@ def karpenter(kube_control_plane: Cluster) -> Iterator[Karpenter]:
         k.stop()
 
 
-@pytest.fixture
 def karpenter_cluster(kube_cluster: Cluster, karpenter: Karpenter) -> Iterator[Cluster]:
+    """``kube_cluster`` whose namespace's pods Karpenter makes nodes for."""
     from kubernetes import client
 
     c = kube_cluster
@@ -144,3 +174,26 @@ def karpenter_cluster(kube_cluster: Cluster, karpenter: Karpenter) -> Iterator[C
                 c.api.delete_namespaced_pod(p.metadata.name, c.namespace, grace_period_seconds=0)
         karpenter.clear()
         c.kubelet.leave_to_karpenter.discard(c.namespace)
+
+
+# the fixtures above, by name, with their scope
+FIXTURES: dict[str, Literal["session", "function"]] = {
+    "kube_control_plane": "session",
+    "kube_cluster": "function",
+    "karpenter": "session",
+    "karpenter_cluster": "function",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register :data:`FIXTURES` with pytest, which is imported here and not at the module's
+    import (see the module's docstring)."""
+    import pytest
+
+    name = "airflow_spot.testing.cluster.fixtures"
+    if config.pluginmanager.has_plugin(name):
+        return
+    holder = types.ModuleType(name, "the real control plane's pytest fixtures")
+    for fixture, scope in FIXTURES.items():
+        setattr(holder, fixture, pytest.fixture(globals()[fixture], scope=scope))
+    config.pluginmanager.register(holder, name)

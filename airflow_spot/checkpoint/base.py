@@ -1,0 +1,89 @@
+"""What every checkpoint store shares: the :class:`Store` protocol, the key rule (relative
+paths of plain parts, never escaping the prefix), temporary names for unfinished writes,
+chunked hashing, and a missing key as a CheckpointError. No Airflow import, no boto3.
+
+A store maps keys (``/``-separated relative paths) to bytes. Keys never escape the
+configured prefix: absolute keys, ``..`` and empty parts are refused. Large checkpoint files
+go through files, never whole in memory: ``put_file``/``get_file`` stream, ``stat`` reads
+only metadata, and ``digest`` hashes in chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from airflow_spot.exceptions import CheckpointError
+
+_PART = re.compile(r"^[A-Za-z0-9._-]+$")
+CHUNK = 1 << 20  # bytes read at a time when hashing
+TMP_PREFIX = ".airflow-spot-tmp."  # unfinished writes: never listed, swept by retention
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """sha256 (hex) and size of a local file, read in chunks."""
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
+
+
+def safe_key(key: str) -> str:
+    """``key`` if it is a relative path of plain parts; raises CheckpointError otherwise."""
+    parts = key.split("/")
+    if (
+        not key
+        or key.startswith("/")
+        or any(p in ("", ".", "..") or not _PART.match(p) for p in parts)
+    ):
+        raise CheckpointError(
+            f"unsafe checkpoint key {key!r}: only relative paths of [A-Za-z0-9._-] parts"
+        )
+    return key
+
+
+class Store(Protocol):
+    uri: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def list(self, prefix: str = "") -> list[str]: ...
+    def delete(self, key: str) -> None: ...
+    def create(self, key: str, data: bytes) -> bool: ...
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
+    def stat(self, key: str) -> tuple[int, str]: ...
+    def digest(self, key: str) -> tuple[str, int]: ...
+    def discard_partial(self, prefix: str, below: str) -> None: ...
+
+
+def tmp_beside(path: Path) -> Path:
+    """A temporary name beside ``path``, unique per writer (two containers on shared storage
+    may both be pid 1); ``list()`` never shows it and retention sweeps leftovers."""
+    return path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
+def error_code(e: BaseException) -> str | None:
+    """The error code of a botocore ClientError (None for anything else)."""
+    return (getattr(e, "response", None) or {}).get("Error", {}).get("Code")
+
+
+@contextlib.contextmanager
+def must_exist(uri: str, key: str) -> Iterator[None]:
+    """A missing key (a missing file, S3's 404/NoSuchKey) as a CheckpointError naming it."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{uri}/{key} does not exist") from e
+    except Exception as e:
+        if error_code(e) in ("404", "NoSuchKey"):
+            raise CheckpointError(f"{uri}/{key} does not exist") from e
+        raise
