@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -35,6 +36,47 @@ class Outcome(str, Enum):
     OOM_KILLED = "oom_killed"
     APP_FAILURE = "app_failure"  # non-zero exit on healthy capacity
     CANCELLED = "cancelled"  # we stopped it (decision or kill)
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """The task instance a job belongs to: a backend names and labels its attempts by it."""
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int = -1
+    try_number: int = 1
+
+    @classmethod
+    def of(cls, ti: Any) -> TaskIdentity:
+        return cls(
+            ti.dag_id,
+            ti.task_id,
+            ti.run_id,
+            getattr(ti, "map_index", -1),
+            getattr(ti, "try_number", 1),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TaskIdentity:
+        """From :meth:`to_dict`'s form (``map_index`` and ``try_number`` may be left out)."""
+        return cls(
+            d["dag_id"],
+            d["task_id"],
+            d["run_id"],
+            int(d.get("map_index", -1)),
+            int(d.get("try_number", 1)),
+        )
+
+    @classmethod
+    def read(cls, ident: TaskIdentity | Mapping[str, Any]) -> TaskIdentity:
+        """What a backend was given as the task's identity: a TaskIdentity, or its dict form
+        (how backends took it before, and how a test may still give it)."""
+        return ident if isinstance(ident, TaskIdentity) else cls.from_dict(ident)
 
 
 @dataclass(frozen=True)
@@ -171,7 +213,7 @@ class Backend(Protocol):
 
     def launch(
         self,
-        ident: dict[str, Any],
+        ident: TaskIdentity,
         attempt: int,
         capacity: str,
         command: list[str],
@@ -182,8 +224,9 @@ class Backend(Protocol):
         env: dict[str, str] | None = None,
         pool: str = "",
     ) -> AttemptHandle:
-        """Start an attempt; returns its handle. ``market``: the replayed market of the chosen
-        pool (None on real capacity)."""
+        """Start attempt ``attempt`` of the task instance ``ident`` (a :class:`TaskIdentity`,
+        read with :meth:`TaskIdentity.read`); returns its handle. ``market``: the replayed
+        market of the chosen pool (None on real capacity)."""
 
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """What the attempt is doing (its verdict once it ended). It only reports: what is
@@ -225,7 +268,7 @@ class SeesSpot(Protocol):
     def spot_signals(self, now: float) -> list[Any]:
         """:class:`~airflow_spot.backends.signals.SpotSignal` facts the cluster shows now."""
 
-    def probe(self, ident: dict[str, Any], pool: str = "") -> dict[str, Any]:
+    def probe(self, ident: TaskIdentity, pool: str = "") -> dict[str, Any]:
         """Start a probe for spot capacity; returns its JSON handle."""
 
     def probe_signal(self, probe: dict[str, Any], now: float) -> Any:
@@ -295,7 +338,7 @@ class FindsAttempts(Protocol):
     """A backend that lists the attempts of a task instance that exist (a try adopts those
     no record holds: launched by a worker that died before saving them)."""
 
-    def find_attempts(self, ident: dict[str, Any]) -> list[AttemptHandle]: ...
+    def find_attempts(self, ident: TaskIdentity) -> list[AttemptHandle]: ...
 
 
 def renew_lease(backend: Any, handle: AttemptHandle, now: float | None = None) -> None:

@@ -72,7 +72,7 @@ class LiveAttempt:
         known = {(a.handle.run_dir, a.handle.pod) for a in st.attempts}
         found = [
             h
-            for h in self.backend.find_attempts(self.ident.to_dict())
+            for h in self.backend.find_attempts(self.ident)
             if (h.run_dir, h.pod) not in known
             and (h.attempt or 0) > len(st.attempts)
             and (h.launched_at or 0.0) >= st.started_at  # this job's, not an older one's
@@ -307,7 +307,7 @@ class LiveAttempt:
         lease_s = self.args.lease_s if isinstance(self.backend, Leases) else None
         lease = {"lease_until": now + lease_s} if lease_s else {}
         handle = launch(
-            self.ident.to_dict(),
+            self.ident,
             n,
             capacity.value,
             list(self.args.command),

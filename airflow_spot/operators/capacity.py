@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_spot.backends.base import Backend, SeesSpot
+from airflow_spot.backends.base import Backend, SeesSpot, TaskIdentity
 from airflow_spot.backends.capacity import cooling_until, replayed_spot, spot_available
 from airflow_spot.backends.local.market import Pools
 from airflow_spot.exceptions import BackendError
@@ -102,7 +102,7 @@ class SpotCapacity:
         return (up, now, "probe")
 
     def settle_probe(
-        self, now: float, take_spot: bool, keep_looking: bool, ident: dict[str, Any], job: Any
+        self, now: float, take_spot: bool, keep_looking: bool, ident: TaskIdentity, job: Any
     ) -> None:
         """After a decision: a probe that found capacity is used by a spot launch, or given
         back and billed for ``job.changeover_s`` at the spot price; a probe is started (or

@@ -4,10 +4,12 @@ identity, as frozen values (the loop never sees the operator, its templates or A
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+# the task's identity travels down to the backends, so it is defined there (a public name here)
+from airflow_spot.backends.base import TaskIdentity as TaskIdentity
 from airflow_spot.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -15,31 +17,6 @@ if TYPE_CHECKING:
     from airflow_spot.jobstate import JobState
 
 MIN_STEPS_FOR_RATE = 10
-
-
-@dataclass(frozen=True)
-class TaskIdentity:
-    """The task instance a job belongs to (attempts are named and labelled by it)."""
-
-    dag_id: str
-    task_id: str
-    run_id: str
-    map_index: int = -1
-    try_number: int = 1
-
-    @classmethod
-    def of(cls, ti: Any) -> TaskIdentity:
-        return cls(
-            ti.dag_id,
-            ti.task_id,
-            ti.run_id,
-            getattr(ti, "map_index", -1),
-            getattr(ti, "try_number", 1),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """As a backend's ``launch`` takes it."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

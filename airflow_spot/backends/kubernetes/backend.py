@@ -2,84 +2,63 @@
 
 Pods are created and read through the ``apache-airflow-providers-cncf-kubernetes``
 ``KubernetesHook`` (connection, kubeconfig or in-cluster config, as users already configure
-it). What happened to a pod is decided by the pure :func:`.classify.classify` over the pod, its
-node and their events. While a pod runs, its node name and capacity are recorded in the
-attempt's handle, so that a verdict is still possible after the node is gone. A node that
-shows an interruption warning gets the pod's notice annotation set, so the container
-checkpoints at once. At most one attempt pod exists per task instance: a launch first removes
-any leftover pod of the task that is not the live attempt.
+it), every call behind one object (:class:`~.api.KubeApi`). What happened to a pod is judged
+by the pure :func:`.verdict.judge` over the pod, its node and their events. While a pod runs,
+its node name and capacity are recorded in the attempt's handle, so that a verdict is still
+possible after the node is gone. A node that shows an interruption warning gets the pod's
+notice annotation set, so the container checkpoints at once. At most one attempt pod exists
+per task instance: a launch first removes any leftover pod of the task that is not the live
+attempt. Probes for spot are started and read by :mod:`.probing`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_spot.backends.base import (
-    AttemptStatus,
-    Outcome,
-    State,
-    look,
+from airflow_spot.backends.base import AttemptStatus, Outcome, State, TaskIdentity, look
+from airflow_spot.backends.kubernetes.connection import reaching_server
+from airflow_spot.backends.kubernetes.fields import (
+    KubePool,
+    check_backend_fields,
+    settings_from,
+    stored_settings,
 )
-from airflow_spot.backends.kubernetes.classify import (
-    Classification,
-    Verdict,
-    classify,
-    container_start_error,
-    interruption_notice,
-    is_cloud_notice,
-    node_is_spot,
-)
-from airflow_spot.backends.kubernetes.cluster import ClusterView
-from airflow_spot.backends.kubernetes.connection import reaching_server, settings_error
-from airflow_spot.backends.kubernetes.fields import KubePool, check_backend_fields
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
 from airflow_spot.backends.kubernetes.podread import (
-    LAUNCHED_ANNOTATION,
-    RELEASED_ANNOTATION,
-    api_message,
-    event_kind,
     failed_init,
-    hold_state,
-    pod_exit_code,
-    pod_launched_at,
-    pod_times,
+    found_attempt,
+    launched_attempt,
     same_object,
-    wall_time,
 )
-from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE
-from airflow_spot.backends.kubernetes.retry import created_by_us
-from airflow_spot.backends.kubernetes.retry import install as install_retries
-from airflow_spot.backends.kubernetes.template import load_pod_template
-from airflow_spot.backends.signals import SpotSignal
-from airflow_spot.checkpoint.training import (
+from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE, is_probe
+from airflow_spot.backends.kubernetes.verdict import (
+    GIVE_UP,
+    OUTCOMES,
+    RELAY_NOTICE,
+    identities,
+    judge,
+)
+from airflow_spot.backends.kubernetes.vocabulary import (
     HOLD_ANNOTATION,
+    LAUNCHED_ANNOTATION,
     LEASE_ANNOTATION,
     NOTICE_ANNOTATION,
+    RELEASED_ANNOTATION,
 )
+from airflow_spot.backends.signals import SpotSignal
 from airflow_spot.exceptions import BackendError, ConfigError
 from airflow_spot.jobstate import AttemptHandle
 
+if TYPE_CHECKING:  # both import the Kubernetes client: imported when first used
+    from airflow_spot.backends.kubernetes.api import KubeApi
+    from airflow_spot.backends.kubernetes.cluster import ClusterView
+
 log = logging.getLogger(__name__)
-RBAC_HINT = (
-    " (the worker's service account needs get on nodes and list on events in all namespaces:"
-    " the verdict reads the node's labels, taints and events; see docker/rbac.yaml)"
-)
-RELAY_NOTICE = "relay_notice"  # what a status may find due (see carry_out)
-GIVE_UP = "give_up"
-OUTCOMES = {
-    Verdict.SUCCEEDED: Outcome.SUCCEEDED,
-    Verdict.PREEMPTED: Outcome.PREEMPTED,
-    Verdict.SPOT_UNAVAILABLE: Outcome.SPOT_UNAVAILABLE,
-    Verdict.INFRA_DISRUPTION: Outcome.INFRA_DISRUPTION,
-    Verdict.OOM_KILLED: Outcome.OOM_KILLED,
-    Verdict.APP_FAILURE: Outcome.APP_FAILURE,
-}
 
 
 @dataclass(frozen=True)
@@ -148,7 +127,8 @@ class KubernetesBackend:
         if isinstance(self.pod_template, Path):  # kept as text: the backend is stored as JSON
             object.__setattr__(self, "pod_template", str(self.pod_template))
 
-    def _placement(self, capacity: str, pool: str) -> Placement:
+    def placement(self, capacity: str, pool: str) -> Placement:
+        """Where a pod on ``capacity`` goes (``pool``: a spot pool's name, "" for the preset's)."""
         if capacity == "spot" and pool:
             for p in self.pools:
                 if p.name == pool:
@@ -161,54 +141,24 @@ class KubernetesBackend:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if isinstance(self.preset, dict):
-            d["preset"] = {k: asdict(v) for k, v in self.preset.items()}
-        d["pools"] = [{**asdict(p), "placement": asdict(p.placement)} for p in self.pools]
-        d["kind"] = "kubernetes"
-        return d
+        return stored_settings(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KubernetesBackend:
-        d = {k: v for k, v in d.items() if k != "kind"}
-        if isinstance(d.get("preset"), dict):
-            d["preset"] = {
-                k: Placement(v["node_selector"], tuple(v["tolerations"]), v["affinity"])
-                for k, v in d["preset"].items()
-            }
-        d["env_from_secrets"] = tuple(d.get("env_from_secrets") or ())
-        d["pools"] = tuple(
-            KubePool(
-                p["name"], _placement_from(p["placement"]), p.get("spot_price"), p.get("price_from")
-            )
-            for p in d.get("pools") or ()
-        )
-        return cls(**d)
+        return cls(**settings_from(d))
 
     @cached_property
-    def api(self):
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+    def api(self) -> KubeApi:
+        """The API calls, through this backend's connection (built on first use)."""
+        from airflow_spot.backends.kubernetes.api import KubeApi
 
-        hook = KubernetesHook(
-            conn_id=self.kubernetes_conn_id,
-            config_file=self.config_file,
-            in_cluster=self.in_cluster,
-        )
-        try:
-            client = hook.core_v1_client
-        except Exception as e:
-            error = settings_error(self, e)  # the setting named, not the client's traceback
-            if error is None:
-                raise
-            raise error from e
-        install_retries(client.api_client)  # transient API failures, retried (retry.py)
-        return client
+        return KubeApi.connect(self)
 
     # -- attempts ---------------------------------------------------------------------------
     @reaching_server
     def launch(
         self,
-        ident: dict[str, Any],
+        ident: TaskIdentity,
         attempt: int,
         capacity: str,
         command: list[str],
@@ -226,24 +176,16 @@ class KubernetesBackend:
         container started, :meth:`status` reports ``ready_at`` and the container waits
         (``TrainingSession``, on the pod's ``airflow-spot/hold`` annotation) until
         :meth:`release_hold`."""
-        from airflow_spot.backends.kubernetes.pods import pod_name, task_labels
+        from airflow_spot.backends.kubernetes.pods import attempt_pod, pod_name, task_labels
 
-        labels = task_labels(
-            ident["dag_id"], ident["task_id"], ident["run_id"], int(ident.get("map_index", -1))
-        )
-        selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        name = pod_name(
-            ident["dag_id"],
-            ident["task_id"],
-            attempt,
-            ident["run_id"],
-            int(ident.get("map_index", -1)),
-        )
+        task = TaskIdentity.read(ident)
+        name = pod_name(task, attempt)
         # built first: a template that is not a pod fails before anything is deleted
-        pod = self._build_pod(
+        pod = attempt_pod(
+            self,
             name=name,
-            labels=labels,
-            ident=ident,
+            labels=task_labels(task),
+            try_number=task.try_number,
             attempt=attempt,
             capacity=capacity,
             command=command,
@@ -252,102 +194,53 @@ class KubernetesBackend:
             pool=pool,
             hold=hold,
         )
-        for old in self.api.list_namespaced_pod(self.namespace, label_selector=selector).items:
-            ended = old.status is not None and old.status.phase in ("Succeeded", "Failed")
-            if ended and old.metadata.name != name and self.delete_pods != "always":
-                continue  # an ended pod kept for inspection (delete_pods) trains nothing
-            if hold and not ended and old.metadata.name != name and not _is_probe(old):
-                continue  # make-before-break: the attempt it replaces trains on until then
-            log.warning(
-                "Deleting leftover pod %s of this task before attempt %d: at most one attempt pod at a time.",
-                old.metadata.name,
-                attempt,
-            )
-            self._delete(old.metadata.name, grace=0)
-            if old.metadata.name == name:  # its name is the new pod's: wait until it is gone
-                self._wait_gone(name, 30.0)
-        from kubernetes.client.exceptions import ApiException
-
+        self._remove_leftovers(task, name, attempt, hold)
         # the launch time to the microsecond (creationTimestamp has whole seconds): a try that
         # adopts an unrecorded attempt tells this job's from an earlier one's by it
         stamp = repr(time.time())
         pod.metadata.annotations = {**(pod.metadata.annotations or {}), LAUNCHED_ANNOTATION: stamp}
         if lease_until is not None:  # the container reads it through the downward API
             pod.metadata.annotations[LEASE_ANNOTATION] = repr(lease_until)
-        try:
-            self.api.create_namespaced_pod(self.namespace, pod)
-        except ApiException as e:
-            if e.status == 409 and created_by_us(
-                self._read_pod(name), name, LAUNCHED_ANNOTATION, stamp
-            ):
-                log.info("Pod %s was created; its answer was lost and the retry met it.", name)
-            else:
-                raise BackendError(
-                    f"could not create pod {name}: {e.status} {e.reason}{api_message(e)}"
-                ) from e
-        now = time.time()
-        return AttemptHandle(
-            launched_at=now,
-            kind="kubernetes",
-            attempt=attempt,
-            capacity=capacity,
-            namespace=self.namespace,
-            pod=name,
-            # an on-demand pod that cannot schedule is not "spot unavailable"
-            was_spot=capacity == "spot",
-            was_running=False,
-            notice_sent=False,
-            pending_since=now,
-        )
+        self.api.create_pod(pod, name, stamp)
+        return launched_attempt(name, self.namespace, attempt, capacity, time.time())
+
+    def _remove_leftovers(self, task: TaskIdentity, name: str, attempt: int, hold: bool) -> None:
+        """Delete the task's pods a launch of ``name`` must not meet (see :meth:`launch`)."""
+        for old in self.api.pods(_selector(task)):
+            ended = old.status is not None and old.status.phase in ("Succeeded", "Failed")
+            if ended and old.metadata.name != name and self.delete_pods != "always":
+                continue  # an ended pod kept for inspection (delete_pods) trains nothing
+            if hold and not ended and old.metadata.name != name and not is_probe(old):
+                continue  # make-before-break: the attempt it replaces trains on until then
+            log.warning(
+                "Deleting leftover pod %s of this task before attempt %d: at most one attempt pod at a time.",
+                old.metadata.name,
+                attempt,
+            )
+            self.api.delete_pod(old.metadata.name, grace=0)
+            if old.metadata.name == name:  # its name is the new pod's: wait until it is gone
+                self.api.wait_gone(name, 30.0)
 
     @reaching_server
-    def find_attempts(self, ident: dict[str, Any]) -> list[AttemptHandle]:
+    def find_attempts(self, ident: TaskIdentity) -> list[AttemptHandle]:
         """Every attempt pod of this task instance (probes excluded), by attempt number: the
         next try adopts those no record holds."""
-        from airflow_spot.backends.kubernetes.pods import task_labels
-
-        labels = task_labels(
-            ident["dag_id"], ident["task_id"], ident["run_id"], int(ident.get("map_index", -1))
-        )
-        selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        out = []
-        for p in self.api.list_namespaced_pod(self.namespace, label_selector=selector).items:
-            lab = p.metadata.labels or {}
-            if _is_probe(p) or not str(lab.get("airflow-spot/attempt", "")).isdigit():
-                continue
-            created = pod_launched_at(p)
-            cap = lab.get("airflow-spot/capacity", "")
-            out.append(
-                AttemptHandle(
-                    launched_at=created,
-                    kind="kubernetes",
-                    attempt=int(lab["airflow-spot/attempt"]),
-                    capacity=cap,
-                    namespace=self.namespace,
-                    pod=p.metadata.name,
-                    was_spot=cap == "spot",
-                    was_running=False,
-                    notice_sent=False,
-                    pending_since=created,
-                )
-            )
-        return sorted(out, key=lambda h: h.attempt or 0)
+        out = [
+            found_attempt(p, self.namespace)
+            for p in self.api.pods(_selector(TaskIdentity.read(ident)))
+            if not is_probe(p)
+        ]
+        return sorted((h for h in out if h is not None), key=lambda h: h.attempt or 0)
 
     @reaching_server
     def renew_lease(self, handle: AttemptHandle, until: float) -> None:
         """Move the pod's lease annotation to wall time ``until`` (the container, through the
         downward API, checkpoints and stops once it is past). A pod gone is left to
         :meth:`status`."""
-        from kubernetes.client.exceptions import ApiException
-
-        body = {"metadata": {"annotations": {LEASE_ANNOTATION: repr(until)}}}
-        try:
-            self.api.patch_namespaced_pod(_pod(handle), self.namespace, body)
-        except ApiException as e:
-            if e.status != 404:
-                raise BackendError(
-                    f"renewing the lease of pod {_pod(handle)}: {e.status} {e.reason}"
-                ) from e
+        name = _pod(handle)
+        self.api.annotate(
+            name, {LEASE_ANNOTATION: repr(until)}, f"renewing the lease of pod {name}"
+        )
 
     @reaching_server
     def release_hold(self, handle: AttemptHandle) -> None:
@@ -355,135 +248,50 @@ class KubernetesBackend:
         checkpointed and stopped. Its annotation turns ``go`` (the container sees it through
         the downward API) and the release time is recorded on it. A pod gone meanwhile is
         left to :meth:`status` (its verdict)."""
-        from kubernetes.client.exceptions import ApiException
-
         name = _pod(handle)
-        body = {
-            "metadata": {
-                "annotations": {HOLD_ANNOTATION: "go", RELEASED_ANNOTATION: repr(time.time())}
-            }
-        }
-        try:
-            self.api.patch_namespaced_pod(name, self.namespace, body)
-        except ApiException as e:
-            if e.status != 404:
-                raise BackendError(f"releasing pod {name}: {e.status} {e.reason}") from e
+        released = {HOLD_ANNOTATION: "go", RELEASED_ANNOTATION: repr(time.time())}
+        if not self.api.annotate(name, released, f"releasing pod {name}"):
             log.warning("Pod %s is gone before its hold was released.", name)
 
     @reaching_server
     def status(self, handle: AttemptHandle) -> AttemptStatus:
-        """Read pod, node and events and classify. Records what it saw in ``handle`` (the
-        pod's node, capacity and notice, kept for a verdict after the node is gone); changes
-        nothing in the cluster: what is due there is in ``due``, for :meth:`carry_out`."""
-        pod = self._read_pod(_pod(handle))
+        """Read pod, node and events and judge them (:func:`.verdict.judge`). Records what it
+        saw in ``handle`` (the pod's node, capacity and notice, kept for a verdict after the
+        node is gone); changes nothing in the cluster: what is due there is in ``due``, for
+        :meth:`carry_out`."""
+        pod = self.api.read_pod(_pod(handle))
         node_name = (pod.spec.node_name if pod is not None and pod.spec else None) or handle.node
-        node = self._read_node(node_name) if node_name else None
-        if pod is not None and pod.metadata is not None and pod.metadata.uid:
-            handle.pod_uid = pod.metadata.uid
-        if node is not None and node.metadata is not None and handle.node_uid is None:
-            handle.node_uid = node.metadata.uid  # the node the pod ran on, not a namesake
-            handle.node_created = wall_time(node.metadata.creation_timestamp)
+        node = self.api.read_node(node_name) if node_name else None
+        _record(handle, identities(handle, pod, node))  # first: they tell the events apart
         events = self._events(handle, node_name)
-        if pod is not None and node is not None:
-            handle.node = node_name
-            spot = node_is_spot(node)
-            if spot is not None:
-                handle.was_spot = spot
-        phase = pod.status.phase if pod is not None and pod.status else None
-        if phase == "Running":
-            handle.was_running = True
-        if phase != "Pending":
-            handle.pending_since = None
-        notice = (
-            interruption_notice(node, [e for e in events if event_kind(e) != "Pod"])
-            if node is not None
-            else None
+        seen = judge(
+            handle, pod, node, events, time.time(), pending_timeout_s=self.pending_timeout_s
         )
-        if notice:
-            # kept: the node (and its taints) may be gone at the verdict. The first one stays,
-            # unless a later look shows the cloud's own word where the first was not (a drain's
-            # karpenter.sh/disrupted taint alone reads as a consolidation at the verdict)
-            if handle.notice is None or (
-                is_cloud_notice(notice) and not is_cloud_notice(handle.notice)
-            ):
-                handle.notice = notice
-            if handle.notice_at is None:
-                handle.notice_at = time.time()
-        due: list[str] = []
-        if notice and pod is not None and phase == "Running" and not handle.notice_sent:
-            due.append(RELAY_NOTICE)
-        pending_for = time.time() - handle.pending_since if handle.pending_since else 0.0
-        if phase == "Pending" and container_start_error(pod):
-            if handle.start_error_since is None:
-                handle.start_error_since = time.time()
-        else:
-            handle.start_error_since = None
-        start_error_for = (
-            time.time() - handle.start_error_since if handle.start_error_since is not None else 0.0
-        )
-        granted, started, finished = pod_times(pod)
-        notice_age = (finished or time.time()) - handle.notice_at if handle.notice_at else None
-        gave_up = handle.gave_up  # we deleted it: the 404 now is ours, not a reclaim
-        verdict = (
-            Classification(Verdict(gave_up[0]), gave_up[1], tuple(gave_up[2]))
-            if pod is None and gave_up
-            else classify(
-                pod,
-                node,
-                events,
-                was_spot=handle.was_spot,
-                was_running=bool(handle.was_running),
-                pending_for_s=pending_for,
-                pending_timeout_s=self.pending_timeout_s,
-                notice=handle.notice,
-                notice_age_s=notice_age,
-                start_error_for_s=start_error_for,
-            )
-        )
-        if verdict.terminal and phase == "Pending":
-            # it never ran but still holds (or waits for) a node: with delete_pods="never" it
-            # would start later and train beside the next attempt
-            due.append(GIVE_UP)
-        if verdict.default_used:
+        _record(handle, seen.record)
+        if seen.default_used:
             log.warning(
                 "Pod %s: no known signal (%s); treating it as an infrastructure disruption.",
                 _pod(handle),
-                verdict.reason,
+                seen.status.reason,
             )
-        held, started = hold_state(pod, started)
-        base: dict[str, Any] = dict(
-            capacity=handle.capacity or "",
-            attempt=int(handle.attempt or 0),
-            launched_at=float(handle.launched_at or 0),
-            granted_at=granted,
-            started_at=None if held else started,
-            # ready to take over: held, its container started, no reclaim notice on its node
-            ready_at=started if held and not handle.notice else None,
-            heartbeat=time.time(),
-            due=tuple(due),
-            evidence={
-                "node": handle.node,
-                "spot_node": handle.was_spot,
-                "signals": list(verdict.evidence),
-                "notice": handle.notice,
-            },
-        )
-        if verdict.verdict is Verdict.RUNNING:
-            running = State.LAUNCHING if held else State.RUNNING  # held: its changeover
-            return AttemptStatus(State.PREEMPTING if handle.notice_sent or due else running, **base)
-        if verdict.verdict is Verdict.PENDING:
-            return AttemptStatus(
-                State.WAITING if handle.capacity == "spot" else State.LAUNCHING, **base
-            )
-        exit_code = pod_exit_code(pod)
-        return AttemptStatus(
-            State.ENDED,
-            ended_at=finished or time.time(),
-            outcome=OUTCOMES[verdict.verdict],
-            reason=verdict.reason,
-            exit_code=exit_code,
-            **base,
-        )
+        return seen.status
+
+    def _events(self, handle: AttemptHandle, node_name: str | None) -> list[Any]:
+        """Events of this pod and its node. Names are reused (a cleared task's attempt 1, a
+        recreated GKE VM), and events outlive their object by an hour: an event of another
+        object with the same name (other uid, or from before this one existed) is left out."""
+        out = [
+            e
+            for e in self.api.pod_events(_pod(handle))
+            if same_object(e, handle.pod_uid, handle.launched_at)
+        ]
+        if node_name:
+            out += [
+                e
+                for e in self.api.node_events(node_name)
+                if same_object(e, handle.node_uid, handle.node_created, alias=node_name)
+            ]
+        return out
 
     @reaching_server
     def carry_out(self, handle: AttemptHandle, status: AttemptStatus) -> None:
@@ -498,7 +306,19 @@ class KubernetesBackend:
             outcome = status.outcome.value if status.outcome else ""
             verdict = next(v for v, o in OUTCOMES.items() if o.value == outcome)
             handle.gave_up = [verdict.value, status.reason, status.evidence["signals"]]
-            self._delete(_pod(handle), grace=0)
+            self.api.delete_pod(_pod(handle), grace=0)
+
+    def _relay_notice(self, pod_name: str, notice: str) -> None:
+        log.warning(
+            "Node of pod %s shows an interruption warning (%s): setting %s so the container checkpoints now.",
+            pod_name,
+            notice,
+            NOTICE_ANNOTATION,
+        )
+        doing = f"relaying the interruption notice to pod {pod_name}"
+        if not self.api.annotate(pod_name, {NOTICE_ANNOTATION: notice}, doing, explain=True):
+            # evicted or deleted since the look: its verdict comes next
+            log.warning("Pod %s is gone before the notice reached it.", pod_name)
 
     def progress(self, handle: AttemptHandle) -> dict[str, Any] | None:  # noqa: ARG002
         return None  # measured from checkpoints by the controller
@@ -514,8 +334,8 @@ class KubernetesBackend:
             st = None
         if st is not None and st.terminal:
             return st  # ended on its own: the caller reads its log, then cleans up
-        self._delete(_pod(handle), grace=self.grace_period_s)
-        self._wait_gone(_pod(handle), wait_s)
+        self.api.delete_pod(_pod(handle), grace=self.grace_period_s)
+        self.api.wait_gone(_pod(handle), wait_s)
         return AttemptStatus(
             State.ENDED,
             handle.capacity or "",
@@ -530,21 +350,13 @@ class KubernetesBackend:
 
     def log_tail(self, handle: AttemptHandle, lines: int = 15) -> str:
         try:
-            # raw bytes: kubernetes-client 36 returns str(b'...') when it decodes the log itself
-            resp = self.api.read_namespaced_pod_log(
-                _pod(handle),
-                self.namespace,
-                container=self._failed_container(_pod(handle)),
-                tail_lines=lines,
-                _preload_content=False,
-            )
-            return resp.data.decode("utf-8", errors="replace")
+            return self.api.pod_log(_pod(handle), self._failed_container(_pod(handle)), lines)
         except Exception as e:  # noqa: BLE001 - logs are best effort (the pod may be gone)
             return f"(no log: {type(e).__name__})"
 
     def _failed_container(self, pod_name: str) -> str:
         """The init container that failed, if one did (``train`` never started then)."""
-        failed = failed_init(self._read_pod(pod_name))
+        failed = failed_init(self.api.read_pod(pod_name))
         return failed.name if failed is not None else "train"
 
     @reaching_server
@@ -553,261 +365,49 @@ class KubernetesBackend:
         if self.delete_pods == "always" or (
             self.delete_pods == "on_success" and outcome == Outcome.SUCCEEDED.value
         ):
-            self._delete(_pod(handle), grace=0)
-
-    def _build_pod(
-        self,
-        *,
-        name: str,
-        labels: dict[str, str],
-        ident: dict[str, Any],
-        attempt: int,
-        capacity: str,
-        command: list[str],
-        checkpoint_uri: str,
-        env: dict[str, str] | None = None,
-        pool: str = "",
-        hold: bool = False,
-    ) -> Any:
-        """The attempt pod (a ``V1Pod``) as :meth:`launch` creates it, on the pod template."""
-        from airflow_spot.backends.kubernetes.pods import build_pod
-
-        template = load_pod_template(self.pod_template)
-        try:
-            return build_pod(
-                name=name,
-                namespace=self.namespace,
-                image=self.image,
-                command=command,
-                capacity=capacity,
-                attempt=attempt,
-                try_number=int(ident.get("try_number", 1)),
-                labels=labels,
-                placement=self._placement(capacity, pool),
-                checkpoint_uri=checkpoint_uri,
-                env={**self.env, **(env or {})},
-                resources=self.resources,
-                gpus=self.gpus,
-                service_account=self.service_account,
-                mount_token=self.mount_service_account_token,
-                env_from_secrets=list(self.env_from_secrets),
-                pod_template=template,
-                hold=hold,
-            )
-        except (ValueError, TypeError) as e:
-            if template is None:
-                raise
-            # the provider's reconcile on a template the parse-time check let through
-            raise ConfigError(
-                "backend.pod_template", f"cannot build the attempt pod on it: {e}"
-            ) from e
+            self.api.delete_pod(_pod(handle), grace=0)
 
     # -- seeing spot the way the cluster shows it ------------------------------------------
     @cached_property
-    def _cluster(self) -> ClusterView:
+    def cluster(self) -> ClusterView:
         """One per backend object: it remembers the sources a 403 closed."""
-        return ClusterView(self.api, self.namespace)
+        from airflow_spot.backends.kubernetes.cluster import ClusterView
 
-    def _spot_placements(self, pool: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+        return ClusterView(self.api)
+
+    def spot_placements(self, pool: str | None = None) -> list[tuple[str, dict[str, Any]]]:
         """(pool, the spot pod a launch would create there, as API JSON) for each spot pool
         (``""``: the preset's spot placement when there are no pools)."""
-        names = [p.name for p in self.pools] or [""]
-        out = []
-        for name in names if pool is None else [pool]:
-            pod = self._build_pod(
-                name="spot-placement",
-                labels={},
-                ident={},
-                attempt=0,
-                capacity="spot",
-                command=["/pause"],
-                checkpoint_uri="",
-                pool=name,
-            )
-            out.append((name, self.api.api_client.sanitize_for_serialization(pod)))
-        return out
+        from airflow_spot.backends.kubernetes.pods import spot_pods
+
+        return [(name, self.api.as_json(pod)) for name, pod in spot_pods(self, pool)]
 
     def spot_signals(self, now: float) -> list[SpotSignal]:
         """What the cluster shows about spot now, launching nothing: Karpenter ICE events of
         the last 3 min and autoscaler backoffs (down), Ready spot nodes of a pool with the
         job's GPUs free (up). A quiet cluster shows nothing (unknown, not up). A source the
         worker may not read (403) is warned about once and left out from then on."""
-        return self._cluster.signals(self._spot_placements(), now)
+        return self.cluster.signals(self.spot_placements(), now)
 
     @reaching_server
-    def probe(self, ident: dict[str, Any], pool: str = "") -> dict[str, Any]:
+    def probe(self, ident: TaskIdentity, pool: str = "") -> dict[str, Any]:
         """Start a probe pod for spot in ``pool`` (after deleting this task's leftover probe of
         that pool); returns its handle ``{namespace, name, pool, created_at}`` (JSON-able)."""
-        from kubernetes.client.exceptions import ApiException
+        from airflow_spot.backends.kubernetes.probing import start_probe
 
-        from airflow_spot.backends.kubernetes.pods import pod_name, task_labels
-        from airflow_spot.backends.kubernetes.probe import POOL_LABEL, build_probe
-
-        self._placement("spot", pool)  # an unknown pool is a ConfigError now
-        mi = int(ident.get("map_index", -1))
-        labels = task_labels(ident["dag_id"], ident["task_id"], ident["run_id"], mi)
-        view = self._cluster
-        view.ensure_priority_class()
-        selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        view.drop_probes(f"{selector},{POOL_LABEL}={pool}")
-        created = time.time()
-        stem = pod_name(ident["dag_id"], ident["task_id"], 0, ident["run_id"], mi)[: -len("-a0")]
-        suffix = hashlib.sha1(f"{pool}/{created}".encode()).hexdigest()[:6]
-        name = f"{stem}-probe-{suffix}"
-        training = self._build_pod(
-            name=name,
-            labels=labels,
-            ident=ident,
-            attempt=0,
-            capacity="spot",
-            command=["/pause"],
-            checkpoint_uri="",
-            pool=pool,
-        )
-        body = build_probe(
-            self.api.api_client.sanitize_for_serialization(training),
-            name=name,
-            labels=labels,
-            pool=pool,
-            image=self.probe_image,
-        )
-        try:
-            self.api.create_namespaced_pod(self.namespace, body)
-        except ApiException as e:
-            if e.status != 409:  # 409: the name is this probe's alone, a retry met what it made
-                raise BackendError(
-                    f"could not create probe pod {name}: {e.status} {e.reason} (a probe needs "
-                    f"the PriorityClass {body['spec']['priorityClassName']!r}: let the worker "
-                    "create priorityclasses, or create it once from probe.build_priority_class())"
-                ) from e
-        return {"namespace": self.namespace, "name": name, "pool": pool, "created_at": created}
+        return start_probe(self, TaskIdentity.read(ident), pool)
 
     def probe_signal(self, probe: dict[str, Any], now: float) -> SpotSignal | None:
         """What the probe shows now: bound, up; refused (backoff, an ICE for its pool, or
         unschedulable with no scale-up asked for), down; else None (nothing known yet)."""
-        from airflow_spot.backends.kubernetes.probe import read_probe
+        from airflow_spot.backends.kubernetes.probing import probe_signal
 
-        pod, events = self._cluster.pod_and_events(probe["namespace"], probe["name"])
-        if pod is None:
-            return None
-        pool = str(probe.get("pool") or "")
-        bound = pod.spec is not None and pod.spec.node_name
-        refusals = [] if bound else self._cluster.karpenter(self._spot_placements(pool), now)
-        return read_probe(
-            pod,
-            events,
-            pool=pool,
-            created_at=float(probe["created_at"]),
-            now=now,
-            refusals=refusals,
-        )
+        return probe_signal(self, probe, now)
 
     @reaching_server
     def drop_probe(self, probe: dict[str, Any]) -> None:
         """Delete the probe at once (grace 0), so a node made for it goes back; gone is fine."""
-        self._cluster.delete_pod(probe["namespace"], probe["name"])
-
-    # -- API helpers ------------------------------------------------------------------------
-    def _read_pod(self, name: str):
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.api.read_namespaced_pod(name, self.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise BackendError(f"reading pod {name}: {e.status} {e.reason}") from e
-
-    def _wait_gone(self, name: str, wait_s: float) -> None:
-        """Wait (at most ``wait_s``) until the pod is gone; a failed read means not yet."""
-        until = time.time() + wait_s
-        while time.time() < until:
-            try:
-                if self._read_pod(name) is None:
-                    return
-            except BackendError:
-                pass
-            time.sleep(0.2)
-
-    def _read_node(self, name: str):
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.api.read_node(name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            hint = RBAC_HINT if e.status == 403 else ""
-            raise BackendError(f"reading node {name}: {e.status} {e.reason}{hint}") from e
-
-    def _events(self, handle: AttemptHandle, node_name: str | None) -> list[Any]:
-        """Events of this pod and its node. Names are reused (a cleared task's attempt 1, a
-        recreated GKE VM), and events outlive their object by an hour: an event of another
-        object with the same name (other uid, or from before this one existed) is left out."""
-        out = [
-            e
-            for e in self.api.list_namespaced_event(
-                self.namespace, field_selector=f"involvedObject.name={_pod(handle)}"
-            ).items
-            if same_object(e, handle.pod_uid, handle.launched_at)
-        ]
-        if node_name:
-            from kubernetes.client.exceptions import ApiException
-
-            try:
-                node_events = self.api.list_event_for_all_namespaces(
-                    field_selector=f"involvedObject.name={node_name}"
-                ).items
-            except ApiException as e:
-                raise BackendError(
-                    f"listing events of node {node_name}: {e.status} {e.reason}"
-                    + (RBAC_HINT if e.status == 403 else "")
-                ) from e
-            out += [
-                e
-                for e in node_events
-                if same_object(e, handle.node_uid, handle.node_created, alias=node_name)
-            ]
-        return out
-
-    def _relay_notice(self, pod_name: str, notice: str) -> None:
-        log.warning(
-            "Node of pod %s shows an interruption warning (%s): setting %s so the container checkpoints now.",
-            pod_name,
-            notice,
-            NOTICE_ANNOTATION,
-        )
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.api.patch_namespaced_pod(
-                pod_name,
-                self.namespace,
-                {"metadata": {"annotations": {NOTICE_ANNOTATION: notice}}},
-            )
-        except ApiException as e:
-            if e.status == 404:  # evicted or deleted since the look: its verdict comes next
-                log.warning("Pod %s is gone before the notice reached it.", pod_name)
-                return
-            raise BackendError(
-                f"relaying the interruption notice to pod {pod_name}: {e.status} {e.reason}"
-                + (
-                    " (the worker's service account needs patch on pods in its namespace; see"
-                    " docker/rbac.yaml)"
-                    if e.status == 403
-                    else ""
-                )
-                + api_message(e)
-            ) from e
-
-    def _delete(self, name: str, grace: int) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
-        except ApiException as e:
-            if e.status != 404:
-                raise BackendError(f"deleting pod {name}: {e.status} {e.reason}") from e
+        self.cluster.delete_pod(probe["namespace"], probe["name"])
 
 
 def _pod(handle: AttemptHandle) -> str:
@@ -817,14 +417,14 @@ def _pod(handle: AttemptHandle) -> str:
     return handle.pod
 
 
-def _is_probe(pod: Any) -> bool:
-    from airflow_spot.backends.kubernetes.probe import PROBE_LABEL
+def _record(handle: AttemptHandle, fields: dict[str, Any]) -> None:
+    """Write what a look saw into the handle (the operator stores it, a watcher carries it)."""
+    for name, value in fields.items():
+        setattr(handle, name, value)
 
-    labels = (pod.metadata.labels if pod.metadata is not None else None) or {}
-    return labels.get(PROBE_LABEL) == "true"
 
+def _selector(task: TaskIdentity) -> str:
+    """The label selector of the task's pods (its attempts and probes)."""
+    from airflow_spot.backends.kubernetes.pods import label_selector, task_labels
 
-def _placement_from(d: dict[str, Any]) -> Placement:
-    return Placement(
-        d.get("node_selector") or {}, tuple(d.get("tolerations") or ()), d.get("affinity")
-    )
+    return label_selector(task_labels(task))

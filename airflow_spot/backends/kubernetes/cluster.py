@@ -1,4 +1,4 @@
-"""Reading what a cluster shows about spot through one API client, without launching anything.
+"""Reading what a cluster shows about spot through the backend's API, without launching anything.
 
 Each source (Karpenter events, the autoscaler's status and events, nodes) is read with its own
 permission. A 403 means the worker's service account may not read it: one warning naming the
@@ -13,6 +13,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from urllib3.exceptions import HTTPError
+
+from airflow_spot.backends.kubernetes.api import KubeApi, refusal
 from airflow_spot.backends.kubernetes.probe import PROBE_LABEL, build_priority_class
 from airflow_spot.backends.kubernetes.signals import (
     ICE_REASON,
@@ -34,11 +37,12 @@ MAX_NODES_READ = 20  # candidate nodes whose pods are listed per call (bounds th
 
 
 class ClusterView:
-    """The spot signals a cluster shows, read through ``api`` (a ``CoreV1Api``)."""
+    """The spot signals a cluster shows, read through ``api`` (the backend's)."""
 
-    def __init__(self, api: Any, namespace: str) -> None:
+    def __init__(self, api: KubeApi) -> None:
         self.api = api
-        self.namespace = namespace
+        self.core = api.core  # its CoreV1Api, whose calls :meth:`read` makes
+        self.namespace = api.namespace
         self.forbidden: set[str] = set()  # sources given up after a 403
         self.priority_class_checked = False
 
@@ -48,15 +52,18 @@ class ClusterView:
         """``fn(*args, **kw)``, or None: after a 403 (once: a warning naming ``permission``,
         then ``source`` is skipped for good), a 404, or another failure (a warning; tried
         again next time)."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         if source in self.forbidden:
             return None
         try:
             return fn(*args, **kw)
-        except ApiException as e:
-            if e.status == 403:
+        except (HTTPError, OSError) as e:
+            log.warning("Spot signals: could not %s (%s); skipped this time.", permission, e)
+        except Exception as e:
+            refused = refusal(e)
+            if refused is None:
+                raise
+            status, reason = refused
+            if status == 403:
                 self.forbidden.add(source)
                 log.warning(
                     "Spot signals: the worker may not %s (403 Forbidden): going on without %s "
@@ -65,15 +72,13 @@ class ClusterView:
                     source,
                     RBAC_FIX,
                 )
-            elif e.status != 404:
+            elif status != 404:
                 log.warning(
                     "Spot signals: could not %s (%s %s); skipped this time.",
                     permission,
-                    e.status,
-                    e.reason,
+                    status,
+                    reason,
                 )
-        except (HTTPError, OSError) as e:
-            log.warning("Spot signals: could not %s (%s); skipped this time.", permission, e)
         return None
 
     def signals(self, placements: Sequence[Placement], now: float) -> list[SpotSignal]:
@@ -89,7 +94,7 @@ class ClusterView:
         got = self.read(
             "karpenter",
             "list events in all namespaces",
-            self.api.list_event_for_all_namespaces,
+            self.core.list_event_for_all_namespaces,
             field_selector=f"reason={ICE_REASON},involvedObject.kind=NodeClaim",
         )
         return karpenter_signals(got.items, placements, now) if got is not None else []
@@ -99,7 +104,7 @@ class ClusterView:
         cm = self.read(
             "autoscaler-status",
             f"get configmaps in {ns}",
-            self.api.read_namespaced_config_map,
+            self.core.read_namespaced_config_map,
             name,
             ns,
         )
@@ -114,7 +119,7 @@ class ClusterView:
         pods = self.read(
             "autoscaler-events",
             f"list pods in namespace {ns}",
-            self.api.list_namespaced_pod,
+            self.core.list_namespaced_pod,
             ns,
             label_selector=f"{selector},airflow-spot/capacity=spot",
         )
@@ -123,7 +128,7 @@ class ClusterView:
         events = self.read(
             "autoscaler-events",
             f"list events in namespace {ns}",
-            self.api.list_namespaced_event,
+            self.core.list_namespaced_event,
             ns,
             field_selector="reason=NotTriggerScaleUp",
         )
@@ -133,7 +138,7 @@ class ClusterView:
 
     def nodes(self, placements: Sequence[Placement], now: float) -> list[SpotSignal]:
         """ "Up" per placement from a Ready spot node of it with the job's GPUs free."""
-        got = self.read("nodes", "list nodes", self.api.list_node)
+        got = self.read("nodes", "list nodes", self.core.list_node)
         if got is None:
             return []
         on_node: dict[str, list[Any] | None] = {}
@@ -147,7 +152,7 @@ class ClusterView:
                     listed = self.read(
                         "nodes",
                         "list pods in all namespaces",
-                        self.api.list_pod_for_all_namespaces,
+                        self.core.list_pod_for_all_namespaces,
                         field_selector=f"spec.nodeName={name}",
                     )
                     on_node[name] = listed.items if listed is not None else None
@@ -163,8 +168,6 @@ class ClusterView:
     def ensure_priority_class(self) -> None:
         """Create the probes' PriorityClass if missing (once per object): an existing one
         (409) is fine; a 403 is one warning (an admin may have created it already)."""
-        from kubernetes.client import SchedulingV1Api
-
         if self.priority_class_checked:
             return
         self.priority_class_checked = True
@@ -172,8 +175,7 @@ class ClusterView:
         self.read(
             "priority-class",
             f"create priorityclasses (scheduling.k8s.io) to make {body['metadata']['name']!r}",
-            _create_tolerating_conflict,
-            SchedulingV1Api(self.api.api_client).create_priority_class,
+            self.api.create_priority_class,
             body,
         )
 
@@ -182,7 +184,7 @@ class ClusterView:
         got = self.read(
             "probes",
             f"list pods in namespace {self.namespace}",
-            self.api.list_namespaced_pod,
+            self.core.list_namespaced_pod,
             self.namespace,
             label_selector=f"{label_selector},{PROBE_LABEL}=true",
         )
@@ -192,22 +194,14 @@ class ClusterView:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod at once (grace 0); one already gone is fine."""
-        from kubernetes.client.exceptions import ApiException
-
-        from airflow_spot.exceptions import BackendError
-
-        try:
-            self.api.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except ApiException as e:
-            if e.status != 404:
-                raise BackendError(f"deleting probe pod {name}: {e.status} {e.reason}") from e
+        self.api.delete_pod(name, 0, namespace=namespace, what="probe pod")
 
     def pod_and_events(self, namespace: str, name: str) -> tuple[Any, list[Any]]:
         """The pod (None when gone or unreadable) and its events."""
         pod = self.read(
             "probes",
             f"get pods in namespace {namespace}",
-            self.api.read_namespaced_pod,
+            self.core.read_namespaced_pod,
             name,
             namespace,
         )
@@ -216,21 +210,11 @@ class ClusterView:
         events = self.read(
             "probe-events",
             f"list events in namespace {namespace}",
-            self.api.list_namespaced_event,
+            self.core.list_namespaced_event,
             namespace,
             field_selector=f"involvedObject.name={name}",
         )
         return pod, list(events.items) if events is not None else []
-
-
-def _create_tolerating_conflict(create: Callable[..., Any], body: dict[str, Any]) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        create(body)
-    except ApiException as e:
-        if e.status != 409:  # AlreadyExists: made by an earlier worker or an admin
-            raise
 
 
 def _allocatable(node: Any) -> int:

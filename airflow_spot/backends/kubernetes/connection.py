@@ -73,7 +73,7 @@ def settings_error(backend: Any, e: BaseException) -> ConfigError | None:
 def unreachable(backend: Any, e: BaseException) -> BackendError:
     """The API server did not answer: name it, the setting it came from, and what to check."""
     try:
-        host = backend.api.api_client.configuration.host
+        host = backend.api.core.api_client.configuration.host
     except Exception:  # noqa: BLE001 - the message must not fail
         host = "?"
     # urllib3 says "HTTPSConnection(host=..., port=...): Failed to establish a new

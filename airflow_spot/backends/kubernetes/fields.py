@@ -1,12 +1,13 @@
-"""The Kubernetes backend's configuration checks: every field of
+"""The Kubernetes backend's configuration: the checks of every field of
 :class:`~airflow_spot.backends.kubernetes.backend.KubernetesBackend` and its node pools
 (:class:`KubePool`), each error naming the field and its fix (a wrong field would otherwise
-fail at launch, or never). Pure: nothing here reaches a server."""
+fail at launch, or never), and the settings' stored form (JSON: the operator's task state and
+the trigger carry it). Pure: nothing here reaches a server."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from airflow_spot.backends.base import check_pool_price, check_pools
@@ -135,3 +136,37 @@ def _check_shapes(b: Any) -> None:
     object.__setattr__(b, "pools", check_pools(b.pools, KubePool))
     if b.resources:
         check_resources(b.resources.get("limits") or {}, b.resources.get("requests") or {})
+
+
+def stored_settings(b: Any) -> dict[str, Any]:
+    """A ``KubernetesBackend``'s settings as JSON, with its ``kind``."""
+    d = asdict(b)
+    if isinstance(b.preset, dict):
+        d["preset"] = {k: asdict(v) for k, v in b.preset.items()}
+    d["pools"] = [{**asdict(p), "placement": asdict(p.placement)} for p in b.pools]
+    d["kind"] = "kubernetes"
+    return d
+
+
+def settings_from(d: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a ``KubernetesBackend`` stored by :func:`stored_settings`."""
+    d = {k: v for k, v in d.items() if k != "kind"}
+    if isinstance(d.get("preset"), dict):
+        d["preset"] = {
+            k: Placement(v["node_selector"], tuple(v["tolerations"]), v["affinity"])
+            for k, v in d["preset"].items()
+        }
+    d["env_from_secrets"] = tuple(d.get("env_from_secrets") or ())
+    d["pools"] = tuple(
+        KubePool(
+            p["name"], _placement_from(p["placement"]), p.get("spot_price"), p.get("price_from")
+        )
+        for p in d.get("pools") or ()
+    )
+    return d
+
+
+def _placement_from(d: dict[str, Any]) -> Placement:
+    return Placement(
+        d.get("node_selector") or {}, tuple(d.get("tolerations") or ()), d.get("affinity")
+    )

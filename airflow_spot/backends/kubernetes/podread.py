@@ -1,19 +1,19 @@
 """Reading a pod and its events as the API server returns them: wall times, the hold, the
-exit code, which object an event is about, and the server's own message in an error. Plain
-functions over the client's model objects (or anything shaped like them); no API calls."""
+exit code, which object an event is about. Plain functions over the client's model objects
+(or anything shaped like them); no API calls."""
 
 from __future__ import annotations
 
-import json
 import time
-from datetime import datetime
 from typing import Any
 
-from airflow_spot.checkpoint.training import HOLD_ANNOTATION
-
-LAUNCHED_ANNOTATION = "airflow-spot/launched-at"  # wall time of the launch, to the microsecond
-# when a held pod was released (wall time): training began then, not at the container's start
-RELEASED_ANNOTATION = "airflow-spot/hold-released-at"
+from airflow_spot.backends.kubernetes.reading import wall_time
+from airflow_spot.backends.kubernetes.vocabulary import (
+    HOLD_ANNOTATION,
+    LAUNCHED_ANNOTATION,
+    RELEASED_ANNOTATION,
+)
+from airflow_spot.jobstate import AttemptHandle
 
 
 def same_object(event: Any, uid: str | None, since: float | None, alias: str | None = None) -> bool:
@@ -43,14 +43,6 @@ def event_kind(event: Any) -> str:
     return getattr(inv, "kind", "") or ""
 
 
-def wall_time(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-
-
 def pod_launched_at(pod: Any) -> float:
     """When the pod was launched: our annotation (to the microsecond), else its
     creationTimestamp (whole seconds: a pod of an earlier release), else now."""
@@ -58,6 +50,38 @@ def pod_launched_at(pod: Any) -> float:
         return float((pod.metadata.annotations or {})[LAUNCHED_ANNOTATION])
     except (KeyError, TypeError, ValueError):
         return wall_time(pod.metadata.creation_timestamp) or time.time()
+
+
+def launched_attempt(
+    pod: str, namespace: str, attempt: int, capacity: str, launched_at: float
+) -> AttemptHandle:
+    """The handle of an attempt pod as the backend's launch makes it: pending since its launch,
+    not seen running, no notice sent."""
+    return AttemptHandle(
+        launched_at=launched_at,
+        kind="kubernetes",
+        attempt=attempt,
+        capacity=capacity,
+        namespace=namespace,
+        pod=pod,
+        # an on-demand pod that cannot schedule is not "spot unavailable"
+        was_spot=capacity == "spot",
+        was_running=False,
+        notice_sent=False,
+        pending_since=launched_at,
+    )
+
+
+def found_attempt(pod: Any, namespace: str) -> AttemptHandle | None:
+    """The handle of an attempt pod found in the cluster (its attempt and capacity read from
+    its labels, its launch from :func:`pod_launched_at`), as the launch made it; None for a pod
+    of no attempt."""
+    lab = pod.metadata.labels or {}
+    if not str(lab.get("airflow-spot/attempt", "")).isdigit():
+        return None
+    capacity = lab.get("airflow-spot/capacity", "")
+    attempt = int(lab["airflow-spot/attempt"])
+    return launched_attempt(pod.metadata.name, namespace, attempt, capacity, pod_launched_at(pod))
 
 
 def pod_times(pod: Any) -> tuple[float | None, float | None, float | None]:
@@ -114,13 +138,3 @@ def failed_init(pod: Any) -> Any:
         if cs.state and cs.state.terminated and cs.state.terminated.exit_code:
             return cs
     return None
-
-
-def api_message(e: Any) -> str:
-    """``": <the server's own message>"`` from an ApiException's Status body, or "": a 403
-    for a missing ServiceAccount reads like RBAC without it."""
-    try:
-        msg = json.loads(e.body or "").get("message")
-    except (TypeError, ValueError, AttributeError):
-        return ""
-    return f": {msg}" if isinstance(msg, str) and msg else ""

@@ -10,13 +10,18 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import models as k8s
 
 from airflow_spot.backends.kubernetes.placement import Placement
-from airflow_spot.backends.kubernetes.template import check_resources
-from airflow_spot.checkpoint.training import ENV, HOLD_ANNOTATION, NOTICE_ANNOTATION
+from airflow_spot.backends.kubernetes.template import check_resources, load_pod_template
+from airflow_spot.backends.kubernetes.vocabulary import HOLD_ANNOTATION, NOTICE_ANNOTATION
+from airflow_spot.checkpoint.training import ENV
+from airflow_spot.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from airflow_spot.backends.base import TaskIdentity
 
 LABEL_PREFIX = "airflow-spot"
 PODINFO_DIR = "/etc/airflow-spot/podinfo"
@@ -39,22 +44,28 @@ def label_value(text: str) -> str:
     )
 
 
-def task_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
+def task_labels(task: TaskIdentity) -> dict[str, str]:
     """Labels shared by every attempt pod of one task instance (used to find them again)."""
     return {
         **MANAGED_BY,
-        f"{LABEL_PREFIX}/dag-id": label_value(dag_id),
-        f"{LABEL_PREFIX}/task-id": label_value(task_id),
-        f"{LABEL_PREFIX}/run-id": label_value(run_id),
+        f"{LABEL_PREFIX}/dag-id": label_value(task.dag_id),
+        f"{LABEL_PREFIX}/task-id": label_value(task.task_id),
+        f"{LABEL_PREFIX}/run-id": label_value(task.run_id),
         # "-1" is no valid label value (it must start with an alphanumeric): the real API
         # server refuses the pod, and the selector, of a task that is not mapped
-        f"{LABEL_PREFIX}/map-index": str(map_index) if map_index >= 0 else "none",
+        f"{LABEL_PREFIX}/map-index": str(task.map_index) if task.map_index >= 0 else "none",
     }
 
 
-def pod_name(dag_id: str, task_id: str, attempt: int, run_id: str, map_index: int = -1) -> str:
+def label_selector(labels: dict[str, str]) -> str:
+    """The selector of the pods that carry all of ``labels``."""
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def pod_name(task: TaskIdentity, attempt: int) -> str:
     """Unique per task instance (mapped ones included) and attempt; a DNS-1123 name."""
-    key = f"{dag_id}/{task_id}/{run_id}" + (f"/{map_index}" if map_index >= 0 else "")
+    dag_id, task_id, map_index = task.dag_id, task.task_id, task.map_index
+    key = f"{dag_id}/{task_id}/{task.run_id}" + (f"/{map_index}" if map_index >= 0 else "")
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     base = re.sub(r"[^a-z0-9-]", "-", f"{dag_id}-{task_id}".lower()).strip("-")[:40].strip("-")
     return f"{base or 'spot'}-{digest}-a{attempt}"  # a DNS-1123 name starts with [a-z0-9]
@@ -120,6 +131,74 @@ def build_pod(
         ),
     )
     return _reconciled(pod_template, pod)
+
+
+def attempt_pod(
+    backend: Any,
+    *,
+    name: str,
+    labels: dict[str, str],
+    try_number: int = 1,
+    attempt: int,
+    capacity: str,
+    command: list[str],
+    checkpoint_uri: str,
+    env: dict[str, str] | None = None,
+    pool: str = "",
+    hold: bool = False,
+) -> k8s.V1Pod:
+    """The attempt pod as ``backend`` (a ``KubernetesBackend``) launches it: :func:`build_pod`
+    with the backend's image, resources, placement (for ``capacity`` and ``pool``) and pod
+    template."""
+    template = load_pod_template(backend.pod_template)
+    try:
+        return build_pod(
+            name=name,
+            namespace=backend.namespace,
+            image=backend.image,
+            command=command,
+            capacity=capacity,
+            attempt=attempt,
+            try_number=try_number,
+            labels=labels,
+            placement=backend.placement(capacity, pool),
+            checkpoint_uri=checkpoint_uri,
+            env={**backend.env, **(env or {})},
+            resources=backend.resources,
+            gpus=backend.gpus,
+            service_account=backend.service_account,
+            mount_token=backend.mount_service_account_token,
+            env_from_secrets=list(backend.env_from_secrets),
+            pod_template=template,
+            hold=hold,
+        )
+    except (ValueError, TypeError) as e:
+        if template is None:
+            raise
+        # the provider's reconcile on a template the parse-time check let through
+        raise ConfigError("backend.pod_template", f"cannot build the attempt pod on it: {e}") from e
+
+
+def spot_pods(backend: Any, pool: str | None = None) -> list[tuple[str, k8s.V1Pod]]:
+    """(pool, the spot pod a launch would create there) for ``pool``, else for each spot pool
+    (``""``: the preset's spot placement when there are no pools)."""
+    names = [p.name for p in backend.pools] or [""]
+    return [
+        (
+            name,
+            attempt_pod(
+                backend,
+                name="spot-placement",
+                labels={},
+                attempt=0,
+                capacity="spot",
+                command=["/pause"],
+                checkpoint_uri="",
+                pool=name,
+            ),
+        )
+        for name in (names if pool is None else [pool])
+    ]
 
 
 def _merged_resources(

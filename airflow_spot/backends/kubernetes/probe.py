@@ -8,8 +8,8 @@ pod preempts it, and it still triggers a scale-up (cluster-autoscaler ignores po
 ``karpenter.sh/do-not-disrupt`` keeps consolidation from moving it. Bound to a node, spot is up
 (and that node is being paid for: drop the probe at once, and the empty node goes back).
 
-Pure: builds manifests (API JSON) and reads a probe pod with its events; the backend does the
-calls.
+Pure: builds manifests (API JSON) and reads a probe pod with its events; :mod:`.probing` does
+the calls.
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from airflow_spot.backends.kubernetes.classify import _d, _g
-from airflow_spot.backends.kubernetes.signals import (
-    GPU,
-    event_time,
-    gpu_request,
-    is_backoff_event,
-    when,
-)
+from airflow_spot.backends.kubernetes.reading import as_dict, pick, wall_time
+from airflow_spot.backends.kubernetes.signals import GPU, event_time, gpu_request, is_backoff_event
 from airflow_spot.backends.signals import SpotSignal
 
 PROBE_IMAGE = "registry.k8s.io/pause:3.10"
@@ -38,6 +32,12 @@ SETTLE_S = 60.0  # an autoscaler acts within this; unschedulable longer with no 
 SCALE_UP_S = 900.0  # --max-node-provision-time: a scale-up older than this has failed
 SCALE_UP_REASONS = {"TriggeredScaleUp", "Nominated"}  # cluster-autoscaler, Karpenter
 PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "runtimeClassName", "schedulerName")
+
+
+def is_probe(pod: Any) -> bool:
+    """The pod (a model object) is a probe."""
+    labels = (pod.metadata.labels if pod.metadata is not None else None) or {}
+    return labels.get(PROBE_LABEL) == "true"
 
 
 def build_priority_class(name: str = PRIORITY_CLASS) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def build_probe(
     JSON): its placement and GPU request, nothing else of it. ``labels`` are the task's (so
     the probe is found and cleaned with the task's pods); the probe, pool and capacity labels
     are added."""
-    spec = _g(training_pod, "spec") or {}
+    spec = pick(training_pod, "spec") or {}
     gpus = gpu_request(training_pod)
     requests: dict[str, str] = {"cpu": "10m", "memory": "16Mi"}
     limits: dict[str, str] = {"memory": "32Mi"}
@@ -120,23 +120,25 @@ def read_probe(
     autoscaler backoff on it, one of ``refusals`` since it was made, e.g. a Karpenter ICE for
     its pool, or unschedulable for :data:`SETTLE_S` with no scale-up asked for), down; else
     (waiting for a node being made, gone, ended) None: nothing known yet."""
-    p = _d(pod)
+    p = as_dict(pod)
     if not p:
         return None
-    spec, status = _g(p, "spec") or {}, _g(p, "status") or {}
-    name = _g(_g(p, "metadata") or {}, "name")
+    spec, status = pick(p, "spec") or {}, pick(p, "status") or {}
+    name = pick(pick(p, "metadata") or {}, "name")
     scheduled: Mapping[str, Any] = next(
-        (c for c in _g(status, "conditions") or [] if _g(c, "type") == "PodScheduled"), {}
+        (c for c in pick(status, "conditions") or [] if pick(c, "type") == "PodScheduled"), {}
     )
-    node = _g(spec, "node_name", "nodeName")
-    if node or _g(scheduled, "status") == "True":
-        at = when(_g(scheduled, "last_transition_time", "lastTransitionTime")) or now
+    node = pick(spec, "node_name", "nodeName")
+    if node or pick(scheduled, "status") == "True":
+        at = wall_time(pick(scheduled, "last_transition_time", "lastTransitionTime")) or now
         return SpotSignal(True, min(at, now), "probe", pool, f"probe {name} bound to node {node}")
-    if (_g(status, "phase") or "Pending") != "Pending":
+    if (pick(status, "phase") or "Pending") != "Pending":
         return None
-    evs = [e for e in map(_d, events) if (event_time(e) or now) >= created_at - 5.0]
+    evs = [e for e in map(as_dict, events) if (event_time(e) or now) >= created_at - 5.0]
     refused = [
-        SpotSignal(False, event_time(e) or now, "probe", pool, f"probe {name}: {_g(e, 'message')}")
+        SpotSignal(
+            False, event_time(e) or now, "probe", pool, f"probe {name}: {pick(e, 'message')}"
+        )
         for e in evs
         if is_backoff_event(e)
     ] + [
@@ -147,12 +149,12 @@ def read_probe(
     if refused:
         return max(refused, key=lambda s: s.at)
     if any(
-        _g(e, "reason") in SCALE_UP_REASONS and now - (event_time(e) or now) <= SCALE_UP_S
+        pick(e, "reason") in SCALE_UP_REASONS and now - (event_time(e) or now) <= SCALE_UP_S
         for e in evs
     ):
         return None  # a node is being made for it
-    unschedulable = _g(scheduled, "reason") == "Unschedulable" or any(
-        _g(e, "reason") == "FailedScheduling" for e in evs
+    unschedulable = pick(scheduled, "reason") == "Unschedulable" or any(
+        pick(e, "reason") == "FailedScheduling" for e in evs
     )
     if unschedulable and now - created_at >= SETTLE_S:
         return SpotSignal(

@@ -24,18 +24,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
-from airflow_spot.backends.kubernetes.classify import (
-    DRAIN_TAINTS,
-    SPOT_LABELS,
-    SPOT_TAINTS,
-    _d,
-    _g,
-)
+from airflow_spot.backends.kubernetes.reading import as_dict, pick, wall_time
+from airflow_spot.backends.kubernetes.vocabulary import DRAIN_TAINTS, SPOT_LABELS, SPOT_TAINTS
 from airflow_spot.backends.signals import SpotSignal
 
 GPU = "nvidia.com/gpu"
@@ -52,61 +46,44 @@ NODEPOOL_KEY = "karpenter.sh/nodepool"
 _AWS_TYPE = re.compile(r"sufficient ([a-z][a-z0-9-]*\.[a-z0-9]+) capacity")
 _AZURE_SKU = re.compile(r"\b(Standard_[A-Za-z0-9_]+)\b")
 _AWS_ZONE = re.compile(r"\b([a-z]{2}(?:-gov)?-[a-z]+-\d+[a-z])\b")
-_GO_TIME = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)(?:\.(\d+))?\s*([+-]\d\d:?\d\d|Z)?")
 
 Placement = tuple[str, Mapping[str, Any]]  # (pool name, the training pod as API JSON)
 
 
 # -- small readers -------------------------------------------------------------------------------
-def when(value: Any) -> float | None:
-    """Wall seconds of an API time: a datetime, RFC 3339 (``...Z``), or the autoscaler's Go
-    time (``2026-09-15 04:05:52.354884346 +0000 UTC m=+13.18``); None if absent or unreadable."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-    m = _GO_TIME.match(str(value).strip())
-    if m is None:
-        return None
-    day, clock, frac, zone = m.groups()
-    zone = "+0000" if zone in (None, "Z") else zone.replace(":", "")
-    text = f"{day}T{clock}.{(frac or '0')[:6]}{zone}"
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
-
-
 def event_time(event: Mapping[str, Any]) -> float | None:
     """When the event was last seen (a repeat updates it), by the newest time it carries."""
-    series = _g(event, "series") or {}
+    series = pick(event, "series") or {}
     times = [
-        when(_g(event, "last_timestamp", "lastTimestamp")),
-        when(_g(series, "last_observed_time", "lastObservedTime")),
-        when(_g(event, "event_time", "eventTime")),
-        when(_g(event, "first_timestamp", "firstTimestamp")),
-        when(_g(_g(event, "metadata") or {}, "creation_timestamp", "creationTimestamp")),
+        wall_time(pick(event, "last_timestamp", "lastTimestamp")),
+        wall_time(pick(series, "last_observed_time", "lastObservedTime")),
+        wall_time(pick(event, "event_time", "eventTime")),
+        wall_time(pick(event, "first_timestamp", "firstTimestamp")),
+        wall_time(pick(pick(event, "metadata") or {}, "creation_timestamp", "creationTimestamp")),
     ]
     return max((t for t in times if t is not None), default=None)
 
 
 def _involved(event: Mapping[str, Any]) -> Mapping[str, Any]:
-    return _g(event, "involved_object", "involvedObject") or {}
+    return pick(event, "involved_object", "involvedObject") or {}
 
 
 def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return _g(pod, "spec") or {}
+    return pick(pod, "spec") or {}
 
 
 def gpu_request(pod: Any) -> int:
     """The pod's ``nvidia.com/gpu`` request: containers summed, an init container's if larger
     (a limit stands for the request of an extended resource)."""
-    spec = _spec(_d(pod))
+    spec = _spec(as_dict(pod))
 
     def need(c: Mapping[str, Any]) -> int:
-        res = _g(c, "resources") or {}
-        value = (_g(res, "requests") or {}).get(GPU) or (_g(res, "limits") or {}).get(GPU)
+        res = pick(c, "resources") or {}
+        value = (pick(res, "requests") or {}).get(GPU) or (pick(res, "limits") or {}).get(GPU)
         return int(str(value or 0))
 
-    main = sum(need(c) for c in _g(spec, "containers") or [])
-    init = max((need(c) for c in _g(spec, "init_containers", "initContainers") or []), default=0)
+    main = sum(need(c) for c in pick(spec, "containers") or [])
+    init = max((need(c) for c in pick(spec, "init_containers", "initContainers") or []), default=0)
     return max(main, init)
 
 
@@ -114,26 +91,26 @@ def pinned(pod: Mapping[str, Any], keys: Iterable[str]) -> set[str] | None:
     """The values a placement allows for a node label (any of ``keys``): its node selector's,
     and its required node affinity's ``In`` values; None when it does not pin that label."""
     spec, keys = _spec(pod), tuple(keys)
-    selector = _g(spec, "node_selector", "nodeSelector") or {}
+    selector = pick(spec, "node_selector", "nodeSelector") or {}
     found = {selector[k] for k in keys if k in selector}
     for term in _terms(spec):
-        for e in _g(term, "match_expressions", "matchExpressions") or []:
-            if _g(e, "key") in keys and _g(e, "operator") == "In":
-                found |= set(_g(e, "values") or [])
+        for e in pick(term, "match_expressions", "matchExpressions") or []:
+            if pick(e, "key") in keys and pick(e, "operator") == "In":
+                found |= set(pick(e, "values") or [])
     return found or None
 
 
 def _terms(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    aff = _g(_g(spec, "affinity") or {}, "node_affinity", "nodeAffinity") or {}
+    aff = pick(pick(spec, "affinity") or {}, "node_affinity", "nodeAffinity") or {}
     req = (
-        _g(
+        pick(
             aff,
             "required_during_scheduling_ignored_during_execution",
             "requiredDuringSchedulingIgnoredDuringExecution",
         )
         or {}
     )
-    return list(_g(req, "node_selector_terms", "nodeSelectorTerms") or [])
+    return list(pick(req, "node_selector_terms", "nodeSelectorTerms") or [])
 
 
 # -- Karpenter -----------------------------------------------------------------------------------
@@ -173,14 +150,14 @@ def karpenter_signals(
     out: list[SpotSignal] = []
     places = list(placements)
     for raw in events:
-        e = _d(raw)
+        e = as_dict(raw)
         inv = _involved(e)
-        if _g(e, "reason") != ICE_REASON or _g(inv, "kind") != "NodeClaim":
+        if pick(e, "reason") != ICE_REASON or pick(inv, "kind") != "NodeClaim":
             continue
         at = event_time(e)
         if at is None or now - at > KARPENTER_ICE_TTL_S:
             continue  # Karpenter has forgotten it: unknown, not up
-        message, claim = str(_g(e, "message") or ""), str(_g(inv, "name") or "")
+        message, claim = str(pick(e, "message") or ""), str(pick(inv, "name") or "")
         kind, zone = parse_ice(message)
         detail = f"{ICE_REASON} on NodeClaim {claim}" + "".join(
             f" {k}={v}" for k, v in (("type", kind), ("zone", zone)) if v
@@ -225,16 +202,16 @@ def autoscaler_status_signals(configmap: Any, pools: Iterable[str], now: float) 
     status ConfigMap, at the status's ``last-updated`` time (the freshest moment the backoff
     was seen; else the group's ``scaleUp.lastTransitionTime``). Any other state, an old free
     text status, an unreadable one or one older than 30 min (no backoff lasts longer): none."""
-    cm = _d(configmap)
-    meta = _g(cm, "metadata") or {}
+    cm = as_dict(configmap)
+    meta = pick(cm, "metadata") or {}
     try:
-        status = yaml.safe_load(str((_g(cm, "data") or {}).get("status") or ""))
+        status = yaml.safe_load(str((pick(cm, "data") or {}).get("status") or ""))
     except yaml.YAMLError:
         return []
     groups = status.get("nodeGroups") if isinstance(status, dict) else None
     if not isinstance(groups, list):
         return []  # a pre-1.30 free text status, or none
-    updated = when((_g(meta, "annotations") or {}).get(LAST_UPDATED))
+    updated = wall_time((pick(meta, "annotations") or {}).get(LAST_UPDATED))
     pools = list(pools)
     out = []
     for g in groups:
@@ -242,7 +219,7 @@ def autoscaler_status_signals(configmap: Any, pools: Iterable[str], now: float) 
         if not isinstance(scale_up, dict) or scale_up.get("status") != BACKOFF_STATUS:
             continue
         pool = group_pool(str(g.get("name") or ""), pools)
-        at = updated or when(scale_up.get("lastTransitionTime"))
+        at = updated or wall_time(scale_up.get("lastTransitionTime"))
         if pool is None or at is None or now - at > AUTOSCALER_STATUS_STALE_S:
             continue
         info = scale_up.get("backoffInfo") or {}
@@ -255,8 +232,8 @@ def autoscaler_status_signals(configmap: Any, pools: Iterable[str], now: float) 
 
 def is_backoff_event(event: Mapping[str, Any]) -> bool:
     """A ``NotTriggerScaleUp`` that says a node group is in backoff after a failed scale-up."""
-    return _g(event, "reason") == "NotTriggerScaleUp" and "backoff" in str(
-        _g(event, "message") or ""
+    return pick(event, "reason") == "NotTriggerScaleUp" and "backoff" in str(
+        pick(event, "message") or ""
     )
 
 
@@ -269,51 +246,51 @@ def autoscaler_event_signals(
     capacity is being asked for, not found."""
     out = []
     for raw in events:
-        e = _d(raw)
+        e = as_dict(raw)
         inv = _involved(e)
-        name = str(_g(inv, "name") or "")
+        name = str(pick(inv, "name") or "")
         at = event_time(e)
         if (
             not is_backoff_event(e)
-            or _g(inv, "kind") != "Pod"
+            or pick(inv, "kind") != "Pod"
             or name not in pod_pools
             or at is None
             or now - at > AUTOSCALER_EVENT_TTL_S
         ):
             continue
-        message = str(_g(e, "message") or "")[:200]
+        message = str(pick(e, "message") or "")[:200]
         out.append(SpotSignal(False, at, "autoscaler", pod_pools[name], f"pod {name}: {message}"))
     return newest_per_pool(out)
 
 
 # -- nodes ---------------------------------------------------------------------------------------
 def node_ready(node: Mapping[str, Any]) -> bool:
-    conds = _g(_g(node, "status") or {}, "conditions") or []
-    return any(_g(c, "type") == "Ready" and _g(c, "status") == "True" for c in conds)
+    conds = pick(pick(node, "status") or {}, "conditions") or []
+    return any(pick(c, "type") == "Ready" and pick(c, "status") == "True" for c in conds)
 
 
 def node_matches(node: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     """The placement's pod could go on this node: its node selector and required node affinity
     match the node's labels, and it tolerates the node's NoSchedule/NoExecute taints."""
     spec = _spec(pod)
-    labels = _g(_g(node, "metadata") or {}, "labels") or {}
-    selector = _g(spec, "node_selector", "nodeSelector") or {}
+    labels = pick(pick(node, "metadata") or {}, "labels") or {}
+    selector = pick(spec, "node_selector", "nodeSelector") or {}
     if any(labels.get(k) != v for k, v in selector.items()):
         return False
     terms = _terms(spec)
     if terms and not any(_term_matches(t, labels) for t in terms):
         return False
-    tolerations = _g(spec, "tolerations") or []
+    tolerations = pick(spec, "tolerations") or []
     return all(
-        _g(t, "effect") not in ("NoSchedule", "NoExecute")
+        pick(t, "effect") not in ("NoSchedule", "NoExecute")
         or any(_tolerates(tol, t) for tol in tolerations)
-        for t in _g(_g(node, "spec") or {}, "taints") or []
+        for t in pick(pick(node, "spec") or {}, "taints") or []
     )
 
 
 def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    for e in _g(term, "match_expressions", "matchExpressions") or []:
-        key, op, values = _g(e, "key"), _g(e, "operator"), set(_g(e, "values") or [])
+    for e in pick(term, "match_expressions", "matchExpressions") or []:
+        key, op, values = pick(e, "key"), pick(e, "operator"), set(pick(e, "values") or [])
         ok = {
             "In": labels.get(key) in values,
             "NotIn": labels.get(key) not in values,
@@ -326,12 +303,12 @@ def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 
 
 def _tolerates(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    if _g(tol, "effect") and _g(tol, "effect") != _g(taint, "effect"):
+    if pick(tol, "effect") and pick(tol, "effect") != pick(taint, "effect"):
         return False
-    if _g(tol, "operator") == "Exists":
-        return not _g(tol, "key") or _g(tol, "key") == _g(taint, "key")
-    return _g(tol, "key") == _g(taint, "key") and (_g(tol, "value") or "") == (
-        _g(taint, "value") or ""
+    if pick(tol, "operator") == "Exists":
+        return not pick(tol, "key") or pick(tol, "key") == pick(taint, "key")
+    return pick(tol, "key") == pick(taint, "key") and (pick(tol, "value") or "") == (
+        pick(taint, "value") or ""
     )
 
 
@@ -340,24 +317,24 @@ def node_is_spot_for(node: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     ``eks.amazonaws.com/capacityType``, ``cloud.google.com/gke-spot``,
     ``kubernetes.azure.com/scalesetpriority``); without them, by the placement's own spot
     selector or affinity (a custom preset's labels say spot for this backend)."""
-    labels = _g(_g(node, "metadata") or {}, "labels") or {}
+    labels = pick(pick(node, "metadata") or {}, "labels") or {}
     if any(k in labels for k in SPOT_LABELS):
         return any(
             str(labels.get(k, "")).lower() in {v.lower() for v in vs}
             for k, vs in SPOT_LABELS.items()
         )
     spec = _spec(pod)
-    return bool(_g(spec, "node_selector", "nodeSelector") or _terms(spec))
+    return bool(pick(spec, "node_selector", "nodeSelector") or _terms(spec))
 
 
 def usable(node: Any, pod: Mapping[str, Any]) -> bool:
     """Ready, not cordoned, not being drained or reclaimed, a spot node the placement fits."""
-    n = _d(node)
-    spec = _g(n, "spec") or {}
-    drained = any(_g(t, "key") in DRAIN_TAINTS | SPOT_TAINTS for t in _g(spec, "taints") or [])
+    n = as_dict(node)
+    spec = pick(n, "spec") or {}
+    drained = any(pick(t, "key") in DRAIN_TAINTS | SPOT_TAINTS for t in pick(spec, "taints") or [])
     return (
         node_ready(n)
-        and not _g(spec, "unschedulable")
+        and not pick(spec, "unschedulable")
         and not drained
         and node_is_spot_for(n, pod)
         and node_matches(n, pod)
@@ -367,11 +344,11 @@ def usable(node: Any, pod: Mapping[str, Any]) -> bool:
 def free_gpus(node: Any, pods: Iterable[Any]) -> int:
     """The node's allocatable ``nvidia.com/gpu`` less the requests of the pods bound to it that
     have not ended."""
-    alloc = _g(_g(_d(node), "status") or {}, "allocatable") or {}
+    alloc = pick(pick(as_dict(node), "status") or {}, "allocatable") or {}
     used = 0
     for raw in pods:
-        p = _d(raw)
-        if (_g(_g(p, "status") or {}, "phase") or "") not in ("Succeeded", "Failed"):
+        p = as_dict(raw)
+        if (pick(pick(p, "status") or {}, "phase") or "") not in ("Succeeded", "Failed"):
             used += gpu_request(p)
     return int(str(alloc.get(GPU) or 0)) - used
 
@@ -385,21 +362,21 @@ def node_signal(
     need, free = gpu_request(pod), free_gpus(node, pods)
     if free < need:
         return None
-    name = _g(_g(_d(node), "metadata") or {}, "name")
+    name = pick(pick(as_dict(node), "metadata") or {}, "name")
     return SpotSignal(True, now, "node", pool, f"node {name}: {free} {GPU} free, {need} needed")
 
 
 def pod_pool(pod: Any, placements: Iterable[Placement]) -> str | None:
     """The spot pool of one of our pods: a probe's pool label; else the placement whose node
     selector the pod's includes (the most specific); None when none fits."""
-    p = _d(pod)
-    labels = _g(_g(p, "metadata") or {}, "labels") or {}
+    p = as_dict(pod)
+    labels = pick(pick(p, "metadata") or {}, "labels") or {}
     if "airflow-spot/pool" in labels:
         return str(labels["airflow-spot/pool"])
-    have = _g(_spec(p), "node_selector", "nodeSelector") or {}
+    have = pick(_spec(p), "node_selector", "nodeSelector") or {}
     best: tuple[int, str] | None = None
     for pool, place in placements:
-        want = _g(_spec(place), "node_selector", "nodeSelector") or {}
+        want = pick(_spec(place), "node_selector", "nodeSelector") or {}
         if all(have.get(k) == v for k, v in want.items()) and (best is None or len(want) > best[0]):
             best = (len(want), pool)
     return best[1] if best else None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from airflow_spot.backends.base import AttemptStatus, Outcome, State, check_pools
+from airflow_spot.backends.base import AttemptStatus, Outcome, State, TaskIdentity, check_pools
 from airflow_spot.backends.local.files import write_lease
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
@@ -194,7 +194,7 @@ class LocalBackend:
     # -- attempts ---------------------------------------------------------------------------
     def launch(
         self,
-        ident: dict[str, Any],
+        ident: TaskIdentity,
         attempt: int,
         capacity: str,
         command: list[str],
@@ -209,7 +209,7 @@ class LocalBackend:
     ) -> AttemptHandle:
         """Start attempt ``attempt`` under a detached supervisor; returns its handle.
 
-        ``ident``: dag_id, task_id, run_id, map_index (and try_number) of the task instance.
+        ``ident``: the task instance (:class:`TaskIdentity`, or its dict form).
         ``hold``: a make-before-break return: once capacity is granted and the changeover is
         paid, the attempt reports ``ready_at`` and waits for :meth:`release_hold` (the attempt
         it replaces checkpoints and stops first) before the training command starts.
@@ -270,11 +270,14 @@ class LocalBackend:
         )
         return AttemptHandle(launched_at=time.time(), run_dir=str(run_dir))
 
-    def _task_dir(self, ident: dict[str, Any]) -> Path:
-        key = "/".join(_safe(str(ident[k])) for k in ("dag_id", "run_id", "task_id", "map_index"))
+    def _task_dir(self, ident: TaskIdentity) -> Path:
+        task = TaskIdentity.read(ident)
+        key = "/".join(
+            _safe(str(v)) for v in (task.dag_id, task.run_id, task.task_id, task.map_index)
+        )
         return self.root() / key
 
-    def find_attempts(self, ident: dict[str, Any]) -> list[AttemptHandle]:
+    def find_attempts(self, ident: TaskIdentity) -> list[AttemptHandle]:
         """Every attempt of this task instance that exists (its folder has a spec), set-aside
         leftovers excluded, by attempt number: the next try adopts those no record holds."""
         out = []

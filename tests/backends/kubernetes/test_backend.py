@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from airflow_spot.backends.base import TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubePool, KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.exceptions import ConfigError
 
-IDENT = {
-    "dag_id": "nightly_train",
-    "task_id": "train",
-    "run_id": "manual__2026-01-01T00:00:00+00:00",
-    "map_index": -1,
-    "try_number": 2,
-}
+IDENT = TaskIdentity("nightly_train", "train", "manual__2026-01-01T00:00:00+00:00", try_number=2)
 NOWHERE = "/nonexistent/kubeconfig"  # never read: each refusal comes before any API call
 
 
@@ -57,7 +52,7 @@ def test_labels_and_names_stay_valid_and_distinct() -> None:
     for text in (a, "x" * 80, "___", ":x:"):
         v = label_value(text)
         assert len(v) <= 63 and v[0].isalnum() and v[-1].isalnum(), v
-    name = pod_name("__", "..", 1, "r")
+    name = pod_name(TaskIdentity("__", "..", "r"), 1)
     assert name[0].isalnum() and len(name) <= 63, name
 
 
@@ -150,7 +145,7 @@ def test_a_refused_create_says_what_the_server_said() -> None:
     """A missing ServiceAccount is a 403 that reads like RBAC unless the message is kept."""
     from types import SimpleNamespace
 
-    from airflow_spot.backends.kubernetes.backend import api_message
+    from airflow_spot.backends.kubernetes.api import api_message
 
     body = '{"kind":"Status","message":"pods \\"p\\" is forbidden: error looking up service account ml/x: serviceaccount \\"x\\" not found","code":403}'
     assert 'serviceaccount "x" not found' in api_message(SimpleNamespace(body=body))

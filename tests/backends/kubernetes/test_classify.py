@@ -29,12 +29,8 @@ from kubernetes.client import (
     V1Taint,
 )
 
-from airflow_spot.backends.kubernetes.classify import (
-    Verdict,
-    classify,
-    interruption_notice,
-    node_is_spot,
-)
+from airflow_spot.backends.kubernetes.classify import Verdict, classify
+from airflow_spot.backends.kubernetes.facts import interruption_notice, node_is_spot
 
 
 def pod(
@@ -701,9 +697,10 @@ def test_interruption_notice(n, events, notice) -> None:
 
 
 def test_classifier_imports_no_kubernetes() -> None:
-    """The classifier is pure: importing it loads no Kubernetes client, Airflow or boto3."""
+    """The classifier and the verdict are pure: importing them loads no Kubernetes client,
+    Airflow or boto3."""
     code = (
-        "import sys, airflow_spot.backends.kubernetes.classify; "
+        "import sys, airflow_spot.backends.kubernetes.classify, airflow_spot.backends.kubernetes.verdict; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'airflow', 'boto3', 'numpy')))"
     )
     assert (

@@ -10,7 +10,6 @@ from airflow_spot.backends.kubernetes import classify as classify_module
 from airflow_spot.backends.kubernetes.classify import (
     RULES,
     Classification,
-    Facts,
     Verdict,
     classify,
     exit_on_healthy_capacity,
@@ -20,6 +19,7 @@ from airflow_spot.backends.kubernetes.classify import (
     unknown_phase,
     unschedulable_too_long,
 )
+from airflow_spot.backends.kubernetes.facts import Facts
 
 
 def failed(exit_code: int) -> dict:

@@ -30,10 +30,9 @@ from airflow_spot.backends.kubernetes.signals import (
     node_signal,
     parse_ice,
     pod_pool,
-    when,
 )
 from airflow_spot.backends.signals import SpotSignal
-from airflow_spot.testing_cluster.autoscaler import autoscaler_status
+from airflow_spot.testing.cluster.autoscaler import autoscaler_status
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC).timestamp()
 ICE_MSG = (
@@ -94,15 +93,6 @@ def place(pool: str, selector: dict[str, str], gpus: int = 1, **spec) -> tuple[s
 SPOT = {"karpenter.sh/capacity-type": "spot"}
 ZONE_A = place("zone-a", {**SPOT, "topology.kubernetes.io/zone": "eu-west-3a"})
 ZONE_B = place("zone-b", {**SPOT, "topology.kubernetes.io/zone": "eu-west-3b"})
-
-
-def test_times_of_every_shape_are_read() -> None:
-    assert when("2026-03-02T10:00:00Z") == T0
-    assert when("2026-03-02T12:00:00+02:00") == T0
-    assert when("2026-03-02 10:00:00.354884346 +0000 UTC") == pytest.approx(T0 + 0.354884)
-    assert when("2026-03-02 10:00:00.1 +0000 UTC m=+13.183998415") == pytest.approx(T0 + 0.1)
-    assert when(datetime.fromtimestamp(T0, UTC)) == T0
-    assert when(None) is None and when("") is None and when("not a time") is None
 
 
 def test_an_ice_message_names_its_type_and_zone_when_it_has_them() -> None:

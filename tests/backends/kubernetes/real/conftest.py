@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from airflow_spot.backends.kubernetes.probe import build_priority_class
-from airflow_spot.testing_cluster import write_kubeconfig
+from airflow_spot.testing.cluster import write_kubeconfig
 
 RBAC = Path(__file__).resolve().parents[4] / "docker" / "rbac.yaml"
 NS = "ml-training"

@@ -1,6 +1,6 @@
 """A few seconds of API trouble do not fail the task: the backend retries transient failures
 against the real API server, behind a TLS-terminating fault proxy
-(:func:`airflow_spot.testing_faults.kube_fault_proxy`), as a worker reaches it through
+(:func:`airflow_spot.testing.faults.kube_fault_proxy`), as a worker reaches it through
 ``docker/rbac.yaml``'s ServiceAccount token.
 
 * ``500`` answers for about 1.5 s while the backend reads the pod: the read waits them out;
@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from test_real_claims import IDENT, NS, SLEEP, backend, live  # noqa: E402
 
-from airflow_spot.backends.base import State  # noqa: E402
-from airflow_spot.backends.kubernetes.pods import task_labels  # noqa: E402
+from airflow_spot.backends.base import State, TaskIdentity  # noqa: E402
+from airflow_spot.backends.kubernetes.pods import label_selector, task_labels  # noqa: E402
 from airflow_spot.exceptions import BackendError  # noqa: E402
-from airflow_spot.testing_faults import Mode, kube_fault_proxy  # noqa: E402
+from airflow_spot.testing.faults import Mode, kube_fault_proxy  # noqa: E402
 
 
 @pytest.fixture
@@ -51,8 +52,8 @@ def proxied(kube_cluster, sa_kubeconfig, tmp_path):
         proxy.stop()
 
 
-def ident() -> dict:
-    return {**IDENT, "run_id": f"manual__faults-{uuid.uuid4().hex[:8]}"}
+def ident() -> TaskIdentity:
+    return replace(IDENT, run_id=f"manual__faults-{uuid.uuid4().hex[:8]}")
 
 
 def test_a_few_seconds_of_500s_are_waited_out(proxied) -> None:
@@ -85,9 +86,8 @@ def test_a_create_whose_answer_was_cut_is_known_for_its_own(proxied) -> None:
     )
     h = b.launch(who, 1, "on_demand", SLEEP, checkpoint_uri="file:///tmp/x")
     assert proxy.hits[Mode.DROP_RESPONSE] == 1, proxy.hits  # the server made it; no answer
-    labels = task_labels(who["dag_id"], who["task_id"], who["run_id"], who["map_index"])
-    selector = ",".join(f"{k}={v}" for k, v in labels.items())
-    assert live(b.api, NS, selector) == {h.pod}
+    selector = label_selector(task_labels(who))
+    assert live(b.api.core, NS, selector) == {h.pod}
     assert b.status(h).state in (State.WAITING, State.LAUNCHING, State.RUNNING)
     b.cancel(h, wait_s=10)
 

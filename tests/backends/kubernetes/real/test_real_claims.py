@@ -31,28 +31,24 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from airflow_spot.backends.base import Outcome, State
+from airflow_spot.backends.base import Outcome, State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubePool, KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
+from airflow_spot.backends.kubernetes.pods import attempt_pod, task_labels
 from airflow_spot.backends.kubernetes.probe import PRIORITY_CLASS, build_priority_class
 from airflow_spot.exceptions import BackendError, ConfigError
-from airflow_spot.testing_cluster.autoscaler import autoscaler_status
-from airflow_spot.testing_cluster.looks import wait_ended, wait_running
+from airflow_spot.testing.cluster.autoscaler import autoscaler_status
+from airflow_spot.testing.cluster.looks import wait_ended, wait_running
 
 NS = "ml-training"  # docker/rbac.yaml's namespace (the sa_kubeconfig fixture, conftest.py)
-IDENT: dict[str, Any] = {
-    "dag_id": "nightly_train",
-    "task_id": "train",
-    "run_id": "manual__2026-01-01T00:00:00+00:00",
-    "map_index": -1,
-    "try_number": 1,
-}
+IDENT = TaskIdentity("nightly_train", "train", "manual__2026-01-01T00:00:00+00:00")
 SLEEP = ["sleep", "600"]
 SPOT = {"karpenter.sh/capacity-type": "spot"}
 ZONE = "topology.kubernetes.io/zone"
@@ -303,10 +299,10 @@ TEMPLATES: list[tuple[str, dict[str, Any], dict[str, Any], Check]] = [  # id, ba
 
 
 def build(b: KubernetesBackend, capacity: str = "spot"):
-    return b._build_pod(
+    return attempt_pod(
+        b,
         name=f"dry-{uuid.uuid4().hex[:8]}",
         labels={"airflow-spot/task-id": "train"},
-        ident=IDENT,
         attempt=1,
         capacity=capacity,
         command=["python", "-m", "train"],
@@ -491,12 +487,11 @@ def test_the_pod_is_non_root_and_gets_no_token_unless_asked(plane) -> None:
     assert token, asked.spec.volumes  # injected by the ServiceAccount admission plugin
     mounts = {m.name: m.mount_path for m in asked.spec.containers[0].volume_mounts}
     assert mounts[token[0]] == "/var/run/secrets/kubernetes.io/serviceaccount"
-    from airflow_spot.backends.kubernetes.pods import task_labels
-
-    pod = b._build_pod(
+    pod = attempt_pod(
+        b,
         name="labels",
-        labels=task_labels("nightly_train", "train", IDENT["run_id"], 3),
-        ident={**IDENT, "map_index": 3, "try_number": 2},
+        labels=task_labels(replace(IDENT, map_index=3)),
+        try_number=2,
         attempt=4,
         capacity="on_demand",
         command=["x"],
@@ -525,13 +520,13 @@ def test_a_spot_pod_unschedulable_past_its_bound_is_spot_unavailable_and_deleted
     h = b.launch(IDENT, 1, "spot", SLEEP, checkpoint_uri="/c")
     st = until(lambda: (s := b.status(h)).terminal and s, 30, "no verdict")
     assert st.outcome is Outcome.SPOT_UNAVAILABLE and "unschedulable" in st.reason, st
-    assert "give_up" in st.due and not gone(b.api, ns, h.pod)  # status() only reports
-    events = b.api.list_namespaced_event(
+    assert "give_up" in st.due and not gone(b.api.core, ns, h.pod)  # status() only reports
+    events = b.api.core.list_namespaced_event(
         ns, field_selector=f"involvedObject.name={h.pod},reason=FailedScheduling"
     ).items
     assert any("Preemption is not helpful for scheduling" in e.message for e in events), events
     b.carry_out(h, st)
-    until(lambda: gone(b.api, ns, h.pod), 10, "the pending pod was not deleted")
+    until(lambda: gone(b.api.core, ns, h.pod), 10, "the pending pod was not deleted")
     assert b.status(h).outcome is Outcome.SPOT_UNAVAILABLE  # the 404 is ours: the verdict stays
 
 
@@ -560,7 +555,7 @@ def _cannot_start(b: KubernetesBackend, attempt: int, reason: str):
     verdict, once its pod is deleted (carry_out)."""
     ns = b.namespace
     h = b.launch(IDENT, attempt, "spot", SLEEP, checkpoint_uri="/c")
-    until(lambda: b.api.read_namespaced_pod(h.pod, ns).spec.node_name, 30, "not bound")
+    until(lambda: b.api.core.read_namespaced_pod(h.pod, ns).spec.node_name, 30, "not bound")
     waiting = {
         "name": "train",
         "image": "ghcr.io/me/train:1",
@@ -570,16 +565,16 @@ def _cannot_start(b: KubernetesBackend, attempt: int, reason: str):
         "restartCount": 0,
         "state": {"waiting": {"reason": reason, "message": f"{reason}: no such image"}},
     }
-    b.api.patch_namespaced_pod_status(
+    b.api.core.patch_namespaced_pod_status(
         h.pod, ns, {"status": {"phase": "Pending", "containerStatuses": [waiting]}}
     )
     first = b.status(h)
     if reason == "ErrImagePull":
         assert first.state is State.WAITING, first  # a pull may be slow or retried: not yet
     st = until(lambda: (s := b.status(h)).terminal and s, 20, "no verdict")
-    assert "give_up" in st.due and not gone(b.api, ns, h.pod)  # status() only reports
+    assert "give_up" in st.due and not gone(b.api.core, ns, h.pod)  # status() only reports
     b.carry_out(h, st)
-    until(lambda: gone(b.api, ns, h.pod), 10, "the bound pod was not deleted")
+    until(lambda: gone(b.api.core, ns, h.pod), 10, "the bound pod was not deleted")
     return st
 
 
@@ -673,11 +668,11 @@ def test_a_launch_removes_live_leftovers_and_keeps_pods_kept_for_inspection(kube
     assert any("Preemption is not helpful" in e.message for e in waited), waited
     h2 = b.launch(IDENT, 2, "on_demand", SLEEP, checkpoint_uri="/c")
     running(b, h2)
-    other = b.launch({**IDENT, "map_index": 0}, 1, "on_demand", SLEEP, checkpoint_uri="/c")
+    other = b.launch(replace(IDENT, map_index=0), 1, "on_demand", SLEEP, checkpoint_uri="/c")
     probe = b.probe(IDENT)
     found = [(x.attempt, x.pod, x.capacity) for x in b.find_attempts(IDENT)]
     assert found == [(1, h1.pod, "on_demand"), (2, h2.pod, "on_demand")]
-    labels = task_labels(IDENT["dag_id"], IDENT["task_id"], IDENT["run_id"], IDENT["map_index"])
+    labels = task_labels(IDENT)
     selector = ",".join(f"{k}={v}" for k, v in labels.items())
     h3 = b.launch(IDENT, 3, "spot", SLEEP, checkpoint_uri="/c", hold=True)
     assert live(api, ns, selector) == {h1.pod, h2.pod, h3.pod}  # the probe went, h2 trains on
@@ -707,7 +702,7 @@ def _allowed(b: KubernetesBackend, verb: str, resource: str, namespace: str | No
     from kubernetes import client
 
     attrs = {"verb": verb, "resource": resource, "namespace": namespace}
-    review = client.AuthorizationV1Api(b.api.api_client).create_self_subject_access_review(
+    review = client.AuthorizationV1Api(b.api.core.api_client).create_self_subject_access_review(
         client.V1SelfSubjectAccessReview(spec={"resourceAttributes": attrs})
     )
     return bool(review.status.allowed)
@@ -799,7 +794,7 @@ def test_a_forbidden_source_is_named_once_and_the_autoscalers_backoff_is_still_r
     assert "node group eks-gpu-spot-2a in Backoff" in details[0], details
     assert details[1].startswith(f"pod {probe['name']}: pod didn't trigger scale-up"), details
     assert len(warned) == 1 and "list pods in all namespaces (403 Forbidden)" in warned[0], warned
-    assert "nodes" in b._cluster.forbidden
+    assert "nodes" in b.cluster.forbidden
     b.drop_probe(probe)
 
 
@@ -822,7 +817,7 @@ def test_a_probe_never_preempts_and_any_real_pod_preempts_it(kube_cluster) -> No
     # its GPU is the probe's: the node shows no free GPU for the job while the probe holds it
     assert [s for s in b.spot_signals(time.time()) if s.source == "node"] == []
     assert stored.metadata.annotations["karpenter.sh/do-not-disrupt"] == "true"
-    other = {**IDENT, "task_id": "other"}
+    other = replace(IDENT, task_id="other")
     h = b.launch(other, 1, "spot", SLEEP, checkpoint_uri="/c")
     assert running(b, h) == node  # the probe made way
     until(lambda: gone(api, ns, probe["name"]), 10, "the probe was not preempted")
@@ -951,7 +946,7 @@ def test_a_held_pod_with_a_notice_is_not_ready_and_its_reclaim_leaves_on_demand_
     ready = until(lambda: (s := b.status(spot)).ready_at is not None and s, 60, "never ready")
     assert ready.state is State.LAUNCHING and ready.started_at is None, ready
     assert b.status(od).state is State.RUNNING  # the held launch kept it
-    node = b.api.read_namespaced_pod(spot.pod, b.namespace).spec.node_name
+    node = b.api.core.read_namespaced_pod(spot.pod, b.namespace).spec.node_name
     kube_cluster.kubelet._notice(node)  # Karpenter's interruption warning, no eviction yet
     warned = until(lambda: (s := b.status(spot)).evidence["notice"] and s, 20, "no notice")
     assert warned.ready_at is None and warned.started_at is None, warned

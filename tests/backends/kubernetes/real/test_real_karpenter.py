@@ -1,5 +1,5 @@
 """Karpenter for real (issue 20): ``sigs.k8s.io/karpenter`` v1.14.1 with its kwok provider
-against the real control plane, one NodePool of spot and on-demand (``testing_cluster.karpenter``);
+against the real control plane, one NodePool of spot and on-demand (``testing.cluster.karpenter``);
 each attempt is launched and judged by the real backend and the real ``classify()``.
 
 What Karpenter did, as recorded here on 2026-12-02 (every event ``source.component: karpenter``
@@ -50,24 +50,18 @@ from __future__ import annotations
 
 import time
 
-from airflow_spot.backends.base import Outcome, State
+from airflow_spot.backends.base import Outcome, State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
-from airflow_spot.testing_cluster.karpenter import CAPACITY_TYPE, NODEPOOL_LABEL, TOLERATION
-from airflow_spot.testing_cluster.looks import wait_ended, wait_running
+from airflow_spot.testing.cluster.karpenter import CAPACITY_TYPE, NODEPOOL_LABEL, TOLERATION
+from airflow_spot.testing.cluster.looks import wait_ended, wait_running
 
 
-def ident(task_id: str) -> dict:
+def ident(task_id: str) -> TaskIdentity:
     """A task of its own per test: Karpenter drops an ``Evicted`` event for a pod *name* it
     evicted in the last 2 minutes (its recorder's dedupe key is the reason and the pod's name,
     whatever the namespace), so a name reused across tests would lose its event."""
-    return {
-        "dag_id": "nightly_train",
-        "task_id": task_id,
-        "run_id": "manual__2026-01-01T00:00:00+00:00",
-        "map_index": -1,
-        "try_number": 1,
-    }
+    return TaskIdentity("nightly_train", task_id, "manual__2026-01-01T00:00:00+00:00")
 
 
 # the training process: on SIGTERM it "checkpoints" for 2 s and exits 143, as a real one does

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,12 @@ from test_real_claims import (  # noqa: E402
     warnings_of,
 )
 
-from airflow_spot.backends.base import Outcome, State
+from airflow_spot.backends.base import Outcome, State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubePool, KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.backends.kubernetes.probe import SETTLE_S
 from airflow_spot.exceptions import BackendError, ConfigError
-from airflow_spot.testing_cluster.looks import wait_ended, wait_running
+from airflow_spot.testing.cluster.looks import wait_ended, wait_running
 
 
 def gone(api, ns: str, name: str) -> bool:
@@ -148,7 +149,7 @@ def allowed(b: KubernetesBackend, verb: str, resource: str, namespace: str | Non
     from kubernetes import client
 
     attrs = {"verb": verb, "resource": resource, "namespace": namespace}
-    review = client.AuthorizationV1Api(b.api.api_client).create_self_subject_access_review(
+    review = client.AuthorizationV1Api(b.api.core.api_client).create_self_subject_access_review(
         client.V1SelfSubjectAccessReview(spec={"resourceAttributes": attrs})
     )
     return bool(review.status.allowed)
@@ -161,14 +162,14 @@ def test_the_notice_reaches_the_container_through_a_downward_api_volume(kube_clu
     container where ``AIRFLOW_SPOT_NOTICE_ANNOTATIONS`` points, the checkpoint location and
     capacity in its environment, our GPUs as limit and (defaulted) request, and no restart
     (an ended attempt is judged, never rerun in place)."""
-    from airflow_spot.backends.kubernetes.pods import task_labels
+    from airflow_spot.backends.kubernetes.pods import attempt_pod, task_labels
 
     api, ns = kube_cluster.api, kube_cluster.namespace
     b = backend(kube_cluster.kubeconfig, ns, gpus=2)
-    pod = b._build_pod(
+    pod = attempt_pod(
+        b,
         name="shape",
-        labels=task_labels("nightly_train", "train", IDENT["run_id"], -1),
-        ident=IDENT,
+        labels=task_labels(IDENT),
         attempt=1,
         capacity="spot",
         command=["python", "-m", "train"],
@@ -654,7 +655,7 @@ class Adopted:
         self.api, self.ns = cluster.api, cluster.namespace
         self.cmd = train_command(2000, step_seconds=0.02)
         self.ckpt = str(root / "ckpt")
-        self.ident = {"dag_id": "dag", "task_id": "train", "run_id": "run", "map_index": -1}
+        self.ident = TaskIdentity("dag", "train", "run")
         self.store = FileTaskStateStore(root / "state.json")
         with pytest.raises(TaskDeferred):
             self.op().execute(make_context(self.store))
@@ -663,9 +664,7 @@ class Adopted:
         h1 = AttemptHandle.from_dict(st["attempts"][0]["handle"])
         cluster.kubelet.reclaim(wait_running(b, h1), "drain")
         until(lambda: gone(self.api, self.ns, h1.pod), 30, "the drained pod stayed")
-        self.h2 = b.launch(
-            {**self.ident, "try_number": 1}, 2, "spot", self.cmd, checkpoint_uri=self.ckpt
-        )
+        self.h2 = b.launch(self.ident, 2, "spot", self.cmd, checkpoint_uri=self.ckpt)
         wait_running(b, self.h2)
         self.uid = self.api.read_namespaced_pod(self.h2.pod, self.ns).metadata.uid
         self.state = self.next_try(2)
@@ -702,7 +701,9 @@ def test_an_attempt_pods_launch_time_is_found_to_the_microsecond(kube_cluster) -
     launched = found[0].launched_at
     assert t0 <= launched <= h.launched_at <= t1, (t0, launched, h.launched_at, t1)
     assert launched % 1 != 0, launched  # not a whole second
-    created = b.api.read_namespaced_pod(h.pod, kube_cluster.namespace).metadata.creation_timestamp
+    created = b.api.core.read_namespaced_pod(
+        h.pod, kube_cluster.namespace
+    ).metadata.creation_timestamp
     assert created.microsecond == 0  # what the API server stores: whole seconds
     b.cancel(h, wait_s=30)
 
@@ -727,7 +728,7 @@ def test_an_unrecorded_attempt_beside_a_training_one_is_stopped(
     trains on, still the current attempt (at most one attempt trains)."""
     a = Adopted(kube_cluster, tmp_path)
     h3 = a.b.launch(
-        {**a.ident, "try_number": 2}, 3, "spot", a.cmd, checkpoint_uri=a.ckpt, hold=True
+        replace(a.ident, try_number=2), 3, "spot", a.cmd, checkpoint_uri=a.ckpt, hold=True
     )
     st = a.next_try(3)
     assert [x["attempt"] for x in st["attempts"]][:3] == [1, 2, 3], st["attempts"]

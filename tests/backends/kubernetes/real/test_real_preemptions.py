@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import time
 
-from airflow_spot.backends.base import Outcome
+from airflow_spot.backends.base import Outcome, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-from airflow_spot.testing_cluster.looks import wait_ended, wait_running
+from airflow_spot.testing.cluster.looks import wait_ended, wait_running
 
-IDENT = {
-    "dag_id": "nightly_train",
-    "task_id": "train",
-    "run_id": "manual__2026-01-01T00:00:00+00:00",
-    "map_index": -1,
-    "try_number": 1,
-}
+IDENT = TaskIdentity("nightly_train", "train", "manual__2026-01-01T00:00:00+00:00")
 SLEEP = ["sleep", "600"]
 
 
@@ -77,9 +71,9 @@ def test_stopped_heartbeats_are_a_preemption_via_the_taint_manager(kube_cluster)
     b = backend(kube_cluster)
     h, node = running(b)
     kube_cluster.kubelet.reclaim(node, "unreachable")
-    assert disruption(b.api, b.namespace, h.pod) == "DeletionByTaintManager"
+    assert disruption(b.api.core, b.namespace, h.pod) == "DeletionByTaintManager"
     # The controller adds unreachable twice, NoSchedule and NoExecute: keep both pairs.
-    taints = {(t.key, t.effect) for t in b.api.read_node(node).spec.taints or []}
+    taints = {(t.key, t.effect) for t in b.api.core.read_node(node).spec.taints or []}
     assert ("node.kubernetes.io/unreachable", "NoExecute") in taints, taints
     st = ended(b, h)
     assert st.outcome is Outcome.PREEMPTED, st
@@ -104,11 +98,11 @@ def test_a_consolidation_eviction_is_not_a_preemption(kube_cluster) -> None:
     event) is an infrastructure disruption, not a spot reclaim."""
     b = backend(kube_cluster)
     h, node = running(b)
-    b.api.patch_node(
+    b.api.core.patch_node(
         node, {"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}
     )
     kube_cluster.kubelet.evict(h.pod, b.namespace)
-    assert disruption(b.api, b.namespace, h.pod, timeout=30) in ("EvictionByEvictionAPI", None)
+    assert disruption(b.api.core, b.namespace, h.pod, timeout=30) in ("EvictionByEvictionAPI", None)
     st = ended(b, h)
     assert st.outcome is Outcome.INFRA_DISRUPTION, st
 
@@ -161,13 +155,13 @@ def test_priority_preemption_by_the_scheduler_is_not_a_spot_reclaim(kube_cluster
     until = time.monotonic() + 10
     while True:  # the priority admission plugin sees a new PriorityClass through its informer
         try:
-            b.api.create_namespaced_pod(b.namespace, urgent)
+            b.api.core.create_namespaced_pod(b.namespace, urgent)
             break
         except client.ApiException as e:
             if e.status != 403 or time.monotonic() > until:
                 raise
             time.sleep(0.2)
-    assert disruption(b.api, b.namespace, h.pod, timeout=60) in ("PreemptionByScheduler", None)
+    assert disruption(b.api.core, b.namespace, h.pod, timeout=60) in ("PreemptionByScheduler", None)
     st = ended(b, h)
     assert st.outcome is Outcome.INFRA_DISRUPTION, st
     assert "scheduler" in st.reason or "PreemptionByScheduler" in str(st.evidence), st
@@ -193,7 +187,7 @@ def test_a_pod_nobody_renews_checkpoints_and_stops_by_itself(kube_cluster, tmp_p
         lease_until=time.time() + 4.0,
     )
     b.renew_lease(h, time.time() + 5.0)  # one renewal, then nobody looks
-    ann = b.api.read_namespaced_pod(h.pod, b.namespace).metadata.annotations
+    ann = b.api.core.read_namespaced_pod(h.pod, b.namespace).metadata.annotations
     assert float(ann["airflow-spot/lease-until"]) > time.time() + 4.0
     st = ended(b, h, timeout=60)
     assert st.outcome is Outcome.INFRA_DISRUPTION and "lease expired" in st.reason, st

@@ -9,18 +9,12 @@ import time
 
 import pytest
 
-from airflow_spot.backends.base import Outcome, State
+from airflow_spot.backends.base import Outcome, State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.exceptions import BackendError
 
 NS = "ml-training"  # docker/rbac.yaml's namespace (the sa_kubeconfig fixture, conftest.py)
-IDENT = {
-    "dag_id": "nightly_train",
-    "task_id": "train",
-    "run_id": "manual__2026-01-01T00:00:00+00:00",
-    "map_index": -1,
-    "try_number": 1,
-}
+IDENT = TaskIdentity("nightly_train", "train", "manual__2026-01-01T00:00:00+00:00")
 
 
 def backend(cfg: str) -> KubernetesBackend:
@@ -45,7 +39,7 @@ def test_the_service_account_of_rbac_yaml_can_do_everything_the_backend_needs(
     while (st := b.status(h)).state is not State.RUNNING:
         assert time.monotonic() < until and not st.terminal, st
         time.sleep(0.2)
-    node = b.api.read_namespaced_pod(h.pod, NS).spec.node_name
+    node = b.api.core.read_namespaced_pod(h.pod, NS).spec.node_name
     kube_cluster.kubelet._notice(node)  # an interruption warning on its node: relayed (patch)
     until = time.monotonic() + 30
     while not h.notice_sent:
@@ -53,7 +47,7 @@ def test_the_service_account_of_rbac_yaml_can_do_everything_the_backend_needs(
         b.carry_out(h, st)
         assert time.monotonic() < until, "the notice was not relayed"
         time.sleep(0.2)
-    ann = b.api.read_namespaced_pod(h.pod, NS).metadata.annotations
+    ann = b.api.core.read_namespaced_pod(h.pod, NS).metadata.annotations
     assert ann["airflow-spot/preemption-notice"]
     time.sleep(0.5)
     assert "started" in b.log_tail(h)
@@ -71,7 +65,7 @@ def test_the_service_account_of_rbac_yaml_can_do_everything_the_backend_needs(
     b.drop_probe(probe)
     st = b.cancel(h, wait_s=30)
     assert st.outcome is Outcome.CANCELLED, st
-    review = client.AuthorizationV1Api(b.api.api_client).create_self_subject_access_review(
+    review = client.AuthorizationV1Api(b.api.core.api_client).create_self_subject_access_review(
         client.V1SelfSubjectAccessReview(
             spec={"resourceAttributes": {"verb": "*", "resource": "*", "group": "*"}}
         )
@@ -82,7 +76,7 @@ def test_the_service_account_of_rbac_yaml_can_do_everything_the_backend_needs(
         ("create", "pods", "default"),
         ("get", "secrets", NS),
     ]:
-        r = client.AuthorizationV1Api(b.api.api_client).create_self_subject_access_review(
+        r = client.AuthorizationV1Api(b.api.core.api_client).create_self_subject_access_review(
             client.V1SelfSubjectAccessReview(
                 spec={"resourceAttributes": {"verb": verb, "resource": res, "namespace": ns}}
             )

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from airflow_spot.backends.base import State
+from airflow_spot.backends.base import State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+from airflow_spot.backends.kubernetes.pods import attempt_pod
 
 POOLS = {  # preset -> (spot node labels, spot taints, on-demand node labels)
     "eks": (
@@ -36,14 +37,8 @@ POOLS = {  # preset -> (spot node labels, spot taints, on-demand node labels)
 }
 
 
-def ident(task: str = "train", map_index: int = -1) -> dict:
-    return {
-        "dag_id": "nightly_train",
-        "task_id": task,
-        "run_id": "manual__2026-01-01T00:00:00+00:00",
-        "map_index": map_index,
-        "try_number": 1,
-    }
+def ident(task: str = "train", map_index: int = -1) -> TaskIdentity:
+    return TaskIdentity("nightly_train", task, "manual__2026-01-01T00:00:00+00:00", map_index)
 
 
 def backend(cluster, preset: str = "karpenter", **kw) -> KubernetesBackend:
@@ -165,10 +160,10 @@ def test_every_pod_shape_is_admitted(
     merged with ours, make-before-break holds) pass the real API server's validation and
     admission: server-side dry-run, then a real create."""
     b = backend(kube_cluster, preset, pod_template=template)
-    pod = b._build_pod(
+    pod = attempt_pod(
+        b,
         name=f"dry-{preset}-{map_index + 1}",
         labels={"airflow-spot/task-id": "x"},
-        ident=ident(task, map_index),
         attempt=1,
         capacity=capacity,
         command=["python", "-m", "train"],

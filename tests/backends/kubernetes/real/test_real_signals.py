@@ -10,16 +10,11 @@ import contextlib
 import time
 import uuid
 
+from airflow_spot.backends.base import TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-from airflow_spot.testing_cluster.autoscaler import autoscaler_status
+from airflow_spot.testing.cluster.autoscaler import autoscaler_status
 
-IDENT = {
-    "dag_id": "nightly_train",
-    "task_id": "train",
-    "run_id": "manual__2026-01-01T00:00:00+00:00",
-    "map_index": -1,
-    "try_number": 1,
-}
+IDENT = TaskIdentity("nightly_train", "train", "manual__2026-01-01T00:00:00+00:00")
 
 
 def backend(cluster) -> KubernetesBackend:
