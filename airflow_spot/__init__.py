@@ -11,6 +11,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# the provider's Airflow settings ([spot_training] in airflow.cfg, or AIRFLOW__SPOT_TRAINING__*)
+CONFIG_SECTION = "spot_training"
+LOCAL_ROOTS_OPTION = "allowed_local_checkpoint_roots"
+LOCAL_ROOTS_DEFAULT = "{AIRFLOW_HOME}/spot_checkpoints"
+
 
 def get_provider_info() -> dict[str, Any]:
     """Provider metadata for Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
@@ -53,4 +58,24 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {"integration-name": "Spot training", "python-modules": ["airflow_spot.hooks.aws"]}
         ],
+        "config": {
+            CONFIG_SECTION: {
+                "description": "Settings of the spot training provider (airflow-spot).",
+                "options": {
+                    LOCAL_ROOTS_OPTION: {
+                        "description": "Comma-separated absolute folders that a local (path or "
+                        "file://) ``checkpoint_uri`` must lie inside once rendered, symlinks "
+                        "followed; checked when the task starts. Anyone who may trigger a DAG "
+                        "could otherwise choose, through a templated URI, where the worker writes "
+                        "and deletes checkpoints. ``{AIRFLOW_HOME}`` is replaced by Airflow's "
+                        "home. Empty: no local location at all (s3:// only). S3 URIs are not "
+                        "affected.",
+                        "version_added": __version__,
+                        "type": "string",
+                        "example": "/data/spot-checkpoints,/mnt/shared/ckpt",
+                        "default": LOCAL_ROOTS_DEFAULT,
+                    }
+                },
+            }
+        },
     }

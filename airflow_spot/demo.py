@@ -25,6 +25,8 @@ def _setup(root: Path, dags: Path) -> None:
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     os.environ["AIRFLOW_SPOT_DEMO_DIR"] = str(root / "spot_demo")
+    # the demo's checkpoints live in its own folder, outside AIRFLOW_HOME/spot_checkpoints
+    os.environ["AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS"] = str(root / "spot_demo")
     if not (root / "airflow_home" / "airflow.db").exists():
         (root / "airflow_home").mkdir(parents=True, exist_ok=True)
         print("Creating the Airflow metadata DB (SQLite) under", root / "airflow_home", flush=True)

@@ -12,6 +12,11 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 os.environ.setdefault("AIRFLOW_SPOT_PLAN_CACHE", str(_HOME / "plans"))
+# the tests' local checkpoint locations are temporary folders (tmp_path, mkdtemp)
+os.environ.setdefault(
+    "AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS",
+    str(Path(tempfile.gettempdir()).resolve()),
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -163,6 +163,22 @@ def _malformed_trace_at_start(tmp: Path) -> None:
     _start(backend=LocalBackend(trace=str(tmp / "market.json"), work_dir=str(tmp / "runs")))(tmp)
 
 
+def _outside_roots(tmp: Path) -> None:
+    """A rendered path (from dag_run.conf) to existing checkpoints outside the allowed local
+    roots: refused when the task starts, before a claim, an attempt or retention touches it."""
+    name = "AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS"
+    before = os.environ.get(name)
+    os.environ[name] = str(tmp / "allowed")
+    try:
+        _start()(tmp)
+    finally:
+        if before is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = before
+    assert not list((tmp / "ckpt").glob("job-owner*")), "the location was claimed"
+
+
 def _replay(**kw: Any) -> Callable[[Path], Any]:
     def act(tmp: Path) -> Any:
         trace = load_trace(scripted_trace(tmp / "t.json", [(True, 50)]), polarity="available")
@@ -230,6 +246,8 @@ CASES = [
     Case("an unknown budget action", "on_preemption_budget='retry'", "on_preemption_budget", "('on_demand', 'fail')", _parse(on_preemption_budget="retry")),
     Case("an unknown backend", "backend='mars'", "backend", "use 'local', LocalBackend(...)", _parse(backend="mars")),
     Case("a checkpoint URI that escapes its prefix", "checkpoint_uri='s3://bucket/ckpt/../other'", "checkpoint_uri", "must not contain '.' or '..'", _parse(checkpoint_uri="s3://bucket/ckpt/../other")),
+    Case("a local checkpoint path that steps out with '..'", "checkpoint_uri='/data/ckpt/../other'", "checkpoint_uri", "must not contain '..'", _parse(checkpoint_uri="/data/ckpt/../other")),
+    Case("a checkpoint path outside the allowed local roots", "checkpoint_uri=<rendered: a folder outside them>, at task start", "checkpoint_uri", "AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS", _outside_roots),
     Case("a relative checkpoint path for pods", "checkpoint_uri='ckpt/run', KubernetesBackend", "checkpoint_uri", "use s3://bucket/prefix", _parse(checkpoint_uri="ckpt/run", backend=KubernetesBackend(image="img"))),
     Case("a malformed trace file", "LocalBackend(trace='market.json'), at task start", "trace", '{"metadata": {"gap_seconds": ...}, "data": [...]}', _malformed_trace_at_start, TraceFormatError),
     Case("a trace of text, not numbers", "airflow-spot simulate trace.json (load_traces)", "trace", "list of whole numbers >= 0", _trace_file('{"metadata": {"gap_seconds": 600}, "data": ["up", "down"]}'), TraceFormatError),
@@ -248,6 +266,7 @@ CASES = [
     Case("a fraction of a GPU", "KubernetesBackend(gpus=1.5)", "backend.gpus", "whole number >= 0", _kube(gpus=1.5)),
     Case("a zero pending timeout", "KubernetesBackend(pending_timeout_s=0)", "backend.pending_timeout_s", "seconds > 0", _kube(pending_timeout_s=0)),
     Case("a pod template that is not a pod", "pod_template={'kind': 'Deployment', ...}", "backend.pod_template", "must be a Pod", _kube(pod_template={"kind": "Deployment", "spec": {}})),
+    Case("a privileged pod template", "pod_template={'spec': {'containers': [{'securityContext': {'privileged': True}}]}}", "backend.pod_template.spec.containers[0].securityContext.privileged", "allow_privileged=True", _kube(pod_template={"spec": {"containers": [{"name": "train", "securityContext": {"privileged": True}}]}})),
     Case("a pod template file that is not a pod", "pod_template='template.yaml', at launch", "backend.pod_template", "must be a Pod", _launch(pod_template=_template_file)),
     Case("a Kubernetes connection to a dead address", "kubeconfig server https://127.0.0.1:<closed>, launch", "backend.config_file", "check that the API server is up", _launch(), BackendError),
     Case("a dead address while watching", "kubeconfig server https://127.0.0.1:<closed>, status", "backend.config_file", "check that the API server is up", _status_on_dead_server, BackendError),

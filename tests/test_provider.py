@@ -16,6 +16,25 @@ def test_provider_info_keys() -> None:
     assert {"name", "description", "versions"} <= set(info)
 
 
+def test_the_provider_declares_its_settings_as_airflow_reads_them(monkeypatch) -> None:
+    """The ``config`` section validates against Airflow's provider schema, and Airflow's
+    configuration gives its default (``{AIRFLOW_HOME}`` expanded) when nothing sets it."""
+    import json
+
+    import airflow
+    import jsonschema
+    from airflow.configuration import AIRFLOW_HOME, conf
+
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    info = get_provider_info()
+    jsonschema.validate(info, schema)
+    option = info["config"]["spot_training"]["options"]["allowed_local_checkpoint_roots"]
+    assert option["default"] == "{AIRFLOW_HOME}/spot_checkpoints" and option["type"] == "string"
+    monkeypatch.delenv("AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS", raising=False)
+    got = conf.get("spot_training", "allowed_local_checkpoint_roots")
+    assert got == f"{AIRFLOW_HOME}/spot_checkpoints"
+
+
 def test_airflow_providers_list_shows_us(tmp_path: Path) -> None:
     """`airflow providers list` in this environment lists airflow-provider-spot."""
     exe = Path(sys.executable).with_name("airflow")

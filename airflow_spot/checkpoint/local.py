@@ -19,6 +19,7 @@ from airflow_spot.checkpoint.base import (
     safe_key,
     tmp_beside,
 )
+from airflow_spot.exceptions import CheckpointError
 
 
 def _write_atomically(dest: Path, fill: Callable[[BinaryIO], object], *, sync: bool) -> None:
@@ -100,7 +101,8 @@ class LocalStore:
         """Delete what unfinished writes (a writer killed mid-save) left under top-level
         folders starting with ``prefix`` that sort below ``below``."""
         for folder in self.root.glob(prefix + "*"):
-            if not folder.is_dir() or folder.name >= below:
+            # a symbolic link is not a folder of ours: walking it would delete elsewhere
+            if folder.is_symlink() or not folder.is_dir() or folder.name >= below:
                 continue
             for sub, _dirs, files in os.walk(folder):
                 for name in files:
@@ -128,7 +130,14 @@ class LocalStore:
         return sorted(out)
 
     def delete(self, key: str) -> None:
+        """Delete ``key``; never through a folder that leads out of the root (a symbolic link
+        planted there): retention deletes only inside the location it was given."""
         path = self._path(key)
+        if not path.parent.resolve().is_relative_to(self.root):
+            raise CheckpointError(
+                f"{self.uri}/{key}: its folder leads outside {self.root} (a symbolic link); "
+                "not deleted"
+            )
         path.unlink(missing_ok=True)
         self._prune(path.parent)
 

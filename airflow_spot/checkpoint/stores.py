@@ -35,6 +35,14 @@ def validate_uri(uri: str, field: str = "checkpoint_uri") -> str:
         raise ConfigError(
             field, f"{uri!r}: unsupported scheme {parsed.scheme!r}; use a path, file:// or s3://"
         )
+    if parsed.scheme != "s3" and ".." in (parsed.path if parsed.scheme else uri).split("/"):
+        # a templated part (dag_run.conf) would otherwise step out of the folder it names
+        raise ConfigError(
+            field,
+            f"{uri!r}: a local path must not contain '..' (it would leave the folder it "
+            "names); give the folder itself, e.g. /data/spot_checkpoints/my-run, and keep "
+            "templated parts (dag_run.conf) free of '..'",
+        )
     return uri
 
 

@@ -252,7 +252,10 @@ class TrainingSession:
             "metrics": metrics or {},
         }
         tmp = self.progress_file.with_name(self.progress_file.name + ".tmp")
-        tmp.write_text(json.dumps(doc))
+        # in the attempt's private folder, private too (0600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(doc))
         os.replace(tmp, self.progress_file)
 
 

@@ -157,5 +157,10 @@ def _ti_state(ti: Any, other: dict[str, Any]) -> str | None:
 
 
 def claim_store(store: Any, ti: Any, uri: Any, op: Any) -> None:
-    """A new job claims the checkpoint location of ``store`` (see :func:`claim_location`)."""
+    """A new job claims the checkpoint location of ``store`` (see :func:`claim_location`),
+    once its rendered URI is known to lie inside an allowed local root (before anything is
+    written there, and before the training process, whose retention deletes, is started)."""
+    from airflow_spot.operators.roots import check_local_root
+
+    check_local_root(str(uri))
     claim_location(Checkpoints.watching(store), ti, str(uri), op.total_steps, op.log)

@@ -6,10 +6,8 @@ on-demand or wait at every wake. Preemptions spend the preemption budget, applic
 failures the failure budget; Airflow's ``retries`` stay for failures of the orchestration
 itself. State lives in the task instance's ``task_state_store``, so it survives deferrals,
 a killed worker and retries: a new try re-attaches to a live attempt and never adopts a
-dead one.
-
-Importing this module is cheap (no trigger, numpy, Kubernetes or boto3): Airflow parses DAG
-files constantly.
+dead one. Importing this module is cheap (no trigger, numpy, Kubernetes or boto3): Airflow
+parses DAG files constantly.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ from airflow_spot.operators.arguments import (
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.operators.mapped import CheckedPartialDescriptor
 from airflow_spot.operators.retry import DEFAULT_RETRIES, default_retry_policy, tries_left
+from airflow_spot.operators.roots import check_local_root
 from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
 
 if TYPE_CHECKING:
@@ -182,6 +181,7 @@ class SpotTrainingOperator(BaseOperator):
             self.checkpoint_uri = os.fspath(self.checkpoint_uri)
         names = (*self.template_fields, "expected_compute", "changeover", "backend")
         check_arguments({name: getattr(self, name) for name in names}, partial=True)
+        check_local_root(str(self.checkpoint_uri))  # on every try: a resumed job's too
 
     def _resolve_deadline(self, started_at: float) -> float:
         """The deadline as wall-clock seconds, once templates are rendered (task start)."""

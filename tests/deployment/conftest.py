@@ -457,6 +457,10 @@ class AirflowDeployment:
             # that late report fails the task (apache/airflow#71580; see min_deferral)
             AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL="1",
             AIRFLOW_SPOT_PLAN_CACHE=str(self.root / "plans"),
+            # the deployments' checkpoints (tests, chaos benchmarks) are in temporary folders
+            AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS=str(
+                Path(tempfile.gettempdir()).resolve()
+            ),
             PYTHONUNBUFFERED="1",
         )
         if self.executor == "CeleryExecutor":

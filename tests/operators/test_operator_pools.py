@@ -150,11 +150,11 @@ def test_a_spot_request_stranded_in_a_down_pool_moves_to_one_with_capacity(tmp_p
     ctl.attempt.launch(Capacity.SPOT, job)
     del ctl.capacity.choose_pool
     try:
-        ctl.act(Decision(Capacity.SPOT, "spot_up"), job)
+        ctl.act(Decision(Capacity.SPOT, "spot_up"), job, time.time())
         first, second = state.attempts
         assert (first.pool, first.outcome) == ("a", "cancelled") and "moved" in first.reason
         assert second.pool == "b" and state.live is second
-        ctl.act(Decision(Capacity.SPOT, "spot_up"), job)  # b has capacity: stays
+        ctl.act(Decision(Capacity.SPOT, "spot_up"), job, time.time())  # b has capacity: stays
         assert len(state.attempts) == 2
     finally:
         if state.live is not None:

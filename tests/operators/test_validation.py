@@ -30,6 +30,8 @@ OK = dict(
         ({"checkpoint_uri": "gs2x://b/p"}, "checkpoint_uri", "unsupported scheme"),
         ({"checkpoint_uri": "s3://b/../x"}, "checkpoint_uri", "bucket name"),
         ({"checkpoint_uri": "s3://bucket/a/../b"}, "checkpoint_uri", "'..'"),
+        ({"checkpoint_uri": "/data/ckpt/../../etc"}, "checkpoint_uri", "must not contain '..'"),
+        ({"checkpoint_uri": "file:///data/ckpt/.."}, "checkpoint_uri", "must not contain '..'"),
         ({"deadline": timedelta(hours=3)}, "deadline", "shorter than the work"),
         ({"deadline": timedelta(hours=-1)}, "deadline", "shorter than the work"),
         ({"deadline": None}, "deadline", "give a deadline"),

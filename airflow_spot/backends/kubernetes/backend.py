@@ -81,6 +81,8 @@ class KubernetesBackend:
     :param pod_template: a pod (API JSON dict, or the path of a YAML/JSON file on the worker)
         the attempt pod is built on: its resources, node selector, tolerations and security
         context are kept and merged with ours (ours win on the same key).
+    :param allow_privileged: let the pod template ask for its node (privileged, root,
+        escalation, added capabilities, hostPath, host ports or namespaces); refused by default.
     :param delete_pods: ``"always"`` (default), ``"on_success"`` or ``"never"``: what to do with
         an attempt's pod once it ended.
     :param pending_timeout_s: a spot pod unschedulable this long means spot is unavailable.
@@ -104,6 +106,7 @@ class KubernetesBackend:
     service_account: str | None = None
     mount_service_account_token: bool = False
     pod_template: dict[str, Any] | str | None = None
+    allow_privileged: bool = False
     delete_pods: str = "always"
     pending_timeout_s: float = 600.0
     spot_cooldown_s: float = 900.0

@@ -63,7 +63,11 @@ def check_backend_fields(b: Any) -> None:
         )
     placement_for(b.preset, "spot")
     placement_for(b.preset, "on_demand")
-    check_pod_template(b.pod_template)
+    if not isinstance(b.allow_privileged, bool):
+        raise ConfigError(
+            "backend.allow_privileged", f"must be True or False, got {b.allow_privileged!r}"
+        )
+    check_pod_template(b.pod_template, b.allow_privileged)
     if isinstance(b.gpus, bool) or not isinstance(b.gpus, int) or b.gpus < 0:
         raise ConfigError("backend.gpus", f"must be a whole number >= 0, got {b.gpus!r}")
     if b.resources is not None and (

@@ -150,7 +150,7 @@ def attempt_pod(
     """The attempt pod as ``backend`` (a ``KubernetesBackend``) launches it: :func:`build_pod`
     with the backend's image, resources, placement (for ``capacity`` and ``pool``) and pod
     template."""
-    template = load_pod_template(backend.pod_template)
+    template = load_pod_template(backend.pod_template, backend.allow_privileged)
     try:
         return build_pod(
             name=name,

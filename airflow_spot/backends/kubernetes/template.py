@@ -20,8 +20,9 @@ FIELD = "backend.pod_template"
 LISTS = ("containers", "initContainers", "volumes", "tolerations", "imagePullSecrets")
 
 
-def check_pod_template(tmpl: Any) -> None:
-    """Raise :class:`ConfigError` for a template that cannot be a pod."""
+def check_pod_template(tmpl: Any, allow_privileged: bool = False) -> None:
+    """Raise :class:`ConfigError` for a template that cannot be a pod, or (unless
+    ``allow_privileged``) one that asks for its node (see :func:`check_privileges`)."""
     if tmpl is None:
         return
     if isinstance(tmpl, (str, Path)):
@@ -56,10 +57,77 @@ def check_pod_template(tmpl: Any) -> None:
     for key in ("labels", "annotations"):
         if not isinstance(meta.get(key, {}), dict):
             raise ConfigError(FIELD, f"metadata.{key} must be a mapping")
+    if not allow_privileged:
+        check_privileges(spec)
 
 
-def load_pod_template(tmpl: Any):
-    """The template as a ``V1Pod`` (None without one). A path is read here, on the worker."""
+# capabilities a container may add at Pod Security "baseline" (any other one reaches the node)
+BASELINE_CAPABILITIES = frozenset(
+    {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD"}
+    | {"NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+)
+HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
+CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def check_privileges(spec: dict[str, Any]) -> None:
+    """Refuse a template spec that asks for its node: a host namespace, a hostPath volume, a
+    host port, root, a privileged container, privilege escalation or a capability beyond
+    Pod Security "baseline". Each error names the field's path; a platform team then need not
+    rely on Pod Security Admission being set. ``KubernetesBackend(allow_privileged=True)``
+    lets them through (our own defaults then step aside, see :mod:`.pods`)."""
+    for key in HOST_NAMESPACES:
+        if spec.get(key):
+            _refuse(f"spec.{key}", f"{key}: true shares the node's namespace with the pod")
+    for i, vol in enumerate(spec.get("volumes") or []):
+        if isinstance(vol, dict) and vol.get("hostPath") is not None:
+            _refuse(
+                f"spec.volumes[{i}].hostPath",
+                "a hostPath volume opens the node's file system to the pod; use a "
+                "persistentVolumeClaim, emptyDir or CSI volume",
+            )
+    _check_security(spec.get("securityContext"), "spec.securityContext")
+    for key in CONTAINER_LISTS:
+        for i, c in enumerate(spec.get(key) or []):
+            if not isinstance(c, dict):
+                continue
+            at = f"spec.{key}[{i}]"
+            _check_security(c.get("securityContext"), f"{at}.securityContext")
+            for j, port in enumerate(c.get("ports") or []):
+                if isinstance(port, dict) and port.get("hostPort"):
+                    _refuse(f"{at}.ports[{j}].hostPort", "a host port binds the node's network")
+
+
+def _check_security(sc: Any, at: str) -> None:
+    """A pod's or container's securityContext: root, privilege, escalation, capabilities."""
+    if not isinstance(sc, dict):
+        return
+    if sc.get("privileged"):
+        _refuse(f"{at}.privileged", "a privileged container has every power over its node")
+    if sc.get("allowPrivilegeEscalation") is True:
+        _refuse(f"{at}.allowPrivilegeEscalation", "lets a process gain more privileges")
+    if sc.get("runAsUser") == 0:
+        _refuse(f"{at}.runAsUser", "0 runs the container as root")
+    if sc.get("runAsNonRoot") is False:
+        _refuse(f"{at}.runAsNonRoot", "false lets the container run as root")
+    caps = sc.get("capabilities")
+    added = caps.get("add") if isinstance(caps, dict) else None
+    for k, cap in enumerate(added or []):
+        if str(cap).upper().removeprefix("CAP_") not in BASELINE_CAPABILITIES:
+            _refuse(f"{at}.capabilities.add[{k}]", f"{cap} reaches beyond the container")
+
+
+def _refuse(path: str, why: str) -> None:
+    raise ConfigError(
+        f"{FIELD}.{path}",
+        f"{why}; refused by default. Remove it from the pod template, or pass "
+        "KubernetesBackend(allow_privileged=True) if your cluster's policy allows such pods",
+    )
+
+
+def load_pod_template(tmpl: Any, allow_privileged: bool = False):
+    """The template as a ``V1Pod`` (None without one). A path is read here, on the worker,
+    and checked as a dict is when the DAG is parsed (its privileges too)."""
     if tmpl is None:
         return None
     if isinstance(tmpl, (str, Path)):
@@ -76,7 +144,7 @@ def load_pod_template(tmpl: Any):
             raise ConfigError(FIELD, f"{path} is not valid YAML/JSON: {e}") from e
         if not isinstance(tmpl, dict):
             raise ConfigError(FIELD, f"{path} must hold one pod (a mapping)")
-        check_pod_template(tmpl)
+        check_pod_template(tmpl, allow_privileged)
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
     return PodGenerator.deserialize_model_dict(tmpl)

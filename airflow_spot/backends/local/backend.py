@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State, TaskIdentity, check_pools
-from airflow_spot.backends.local.files import write_lease
+from airflow_spot.backends.local.files import private_dirs, write_lease, write_private
 from airflow_spot.backends.local.market import MarketSpec, Pool, PoolsSpec
 from airflow_spot.checkpoint.training import ENV
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
@@ -61,7 +61,7 @@ class LocalBackend:
     notice_s: float = 0.3
     grace_s: float = 3.0
     work_dir: str | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     pools: tuple[Pool, ...] = ()
     pool_cooldown_h: float = 1.0
     observe: str = "cluster"
@@ -100,14 +100,7 @@ class LocalBackend:
             v = getattr(self, name)
             if not finite_number(v) or v < 0:
                 raise ConfigError(f"backend.{name}", f"must be a number >= 0, got {v!r}")
-        if not isinstance(self.extra_env, dict) or not all(
-            isinstance(k, str) and k and "=" not in k and isinstance(v, str)
-            for k, v in self.extra_env.items()
-        ):
-            raise ConfigError(
-                "backend.extra_env",
-                f'give {{"NAME": "value"}} with string values, got {self.extra_env!r}',
-            )
+        _check_extra_env(self.extra_env)
         if self.observe not in OBSERVE:
             raise ConfigError(
                 "backend.observe",
@@ -231,7 +224,7 @@ class LocalBackend:
                 aside.name,
             )
             run_dir.rename(aside)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        private_dirs(run_dir)
         spec = {
             "attempt": attempt,
             "capacity": capacity,
@@ -243,9 +236,9 @@ class LocalBackend:
             "hold_file": str(run_dir / "GO") if hold else None,
             "lease_file": str(run_dir / "LEASE") if lease_until is not None else None,
             "market": market.to_dict(),
+            # ours only: extra_env and env may hold secrets, which never go to disk (the
+            # supervisor gets them in its environment, below, and hands them on)
             "env": {
-                **self.extra_env,
-                **(env or {}),
                 ENV["checkpoint_uri"]: checkpoint_uri,
                 ENV["notice_file"]: str(run_dir / "NOTICE"),
                 ENV["progress_file"]: str(run_dir / "progress.json"),
@@ -255,7 +248,7 @@ class LocalBackend:
         }
         if lease_until is not None:
             write_lease(run_dir / "LEASE", lease_until)
-        (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+        write_private(run_dir / "spec.json", json.dumps(spec, indent=1))
         subprocess.run(
             [
                 sys.executable,
@@ -267,6 +260,7 @@ class LocalBackend:
             check=True,
             stdin=subprocess.DEVNULL,
             timeout=30,
+            env={**os.environ, **self.extra_env, **(env or {})},
         )
         return AttemptHandle(launched_at=time.time(), run_dir=str(run_dir))
 
@@ -305,7 +299,7 @@ class LocalBackend:
     def release_hold(self, handle: AttemptHandle) -> None:
         """Let a held attempt (``launch(hold=True)``) start training: the attempt it replaces
         has checkpointed and stopped."""
-        (Path(str(handle.run_dir)) / "GO").write_text(str(time.time()))
+        write_private(Path(str(handle.run_dir)) / "GO", str(time.time()))
 
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """The attempt's status; a supervisor that died without a verdict reads as ``lost``."""
@@ -365,6 +359,22 @@ class LocalBackend:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)  # belt and braces: nothing may survive a cancel
         return read_status(handle)
+
+
+def _check_extra_env(extra: Any) -> None:
+    """Names and string values; the error never shows a value (they may be secrets)."""
+    if not isinstance(extra, dict):
+        wrong = f"got {type(extra).__name__}"
+    else:
+        bad = [
+            f"{k!r}: {type(v).__name__}" if isinstance(k, str) else f"a {type(k).__name__} name"
+            for k, v in extra.items()
+            if not (isinstance(k, str) and k and "=" not in k and isinstance(v, str))
+        ]
+        if not bad:
+            return
+        wrong = f"got {', '.join(bad)} (values not shown)"
+    raise ConfigError("backend.extra_env", f'give {{"NAME": "value"}} with string values, {wrong}')
 
 
 def _safe(part: str) -> str:

@@ -5,7 +5,10 @@
 Reads ``RUN_DIR/spec.json``, and writes ``RUN_DIR/status.json`` (atomically) as the attempt
 moves ``waiting (spot down) -> launching (changeover) -> running -> ended``. It runs in a
 session of its own, so it outlives the Airflow worker that started it, and starts the
-training command in a process group of its own.
+training command in a process group of its own. The command's environment is the
+supervisor's own (the worker's, with the backend's ``extra_env``, which the backend hands over
+in the process environment only: it may hold secrets and is never written to disk), then the
+spec's ``env`` (ours). Every file the supervisor writes is this user's only (umask 077).
 
 On spot, when the replayed market takes capacity away: the notice file appears, then after
 ``notice_s`` the process group gets SIGTERM, then after ``grace_s`` SIGKILL. The outcome is
@@ -44,11 +47,13 @@ COMMAND_ERRNOS = {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errn
 POLL_S = 0.02
 OOM_EXIT = 137
 LEASE_READ_S = 0.2  # the lease file is read at most this often
+PRIVATE_UMASK = 0o077  # the attempt's files: this user's only
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, child_umask: int = -1) -> None:
         self.run_dir = run_dir
+        self.child_umask = child_umask  # -1: the supervisor's own
         self.spec = json.loads((run_dir / "spec.json").read_text())
         self.capacity = self.spec["capacity"]
         self.market = (
@@ -203,6 +208,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=cwd,
+                umask=self.child_umask,
             )
         except OSError as e:
             if e.errno not in COMMAND_ERRNOS:
@@ -334,8 +340,12 @@ def _clock(t: float | None) -> str:
 
 
 def main(argv: list[str]) -> int:
+    # what the supervisor writes in the attempt's folder is this user's only (0600); the
+    # training command gets the umask it was started with (its checkpoints are the user's)
+    user_umask = os.umask(PRIVATE_UMASK)
     if len(argv) == 3 and argv[1] == "--detach":
-        # first stage: start the real supervisor in a new session and return at once
+        # first stage: start the real supervisor in a new session and return at once (its
+        # environment, which holds the backend's extra_env, is handed on: never written down)
         subprocess.Popen(
             [sys.executable, "-m", "airflow_spot.backends.local.supervisor", argv[2]],
             start_new_session=True,
@@ -343,9 +353,10 @@ def main(argv: list[str]) -> int:
             stdout=open(Path(argv[2]) / "supervisor.log", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
             close_fds=True,
+            umask=user_umask,
         )
         return 0
-    return Supervisor(Path(argv[1])).run()
+    return Supervisor(Path(argv[1]), user_umask).run()
 
 
 if __name__ == "__main__":

@@ -18,8 +18,10 @@ from airflow.sdk import DAG
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.operators import SpotTrainingOperator
 
+# under the provider's default allowed checkpoint root, {AIRFLOW_HOME}/spot_checkpoints
 DEMO_DIR = os.environ.get(
-    "AIRFLOW_SPOT_DEMO_DIR", os.path.join(os.environ.get("AIRFLOW_HOME", "."), "spot_demo")
+    "AIRFLOW_SPOT_DEMO_DIR",
+    os.path.join(os.environ.get("AIRFLOW_HOME", "."), "spot_checkpoints", "spot_demo"),
 )
 STEPS = 480
 TRACE = "bundled:cant-be-late/us-west-2a_v100_1/8.json"  # AWS us-west-2a V100 (MIT), see airflow_spot/data

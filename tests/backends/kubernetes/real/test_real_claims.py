@@ -218,8 +218,8 @@ TEMPLATES: list[tuple[str, dict[str, Any], dict[str, Any], Check]] = [  # id, ba
         lambda pod, c: c.resources.requests == {"memory": "64Gi"} and not c.resources.limits,
     ),
     (
-        "privileged",  # RDMA: no allowPrivilegeEscalation=false beside it
-        {},
+        "privileged",  # RDMA: no allowPrivilegeEscalation=false beside it (opted in)
+        {"allow_privileged": True},
         {"containers": [{"name": "train", "securityContext": {"privileged": True}}]},
         lambda pod, c: (
             c.security_context.privileged is True
@@ -228,7 +228,7 @@ TEMPLATES: list[tuple[str, dict[str, Any], dict[str, Any], Check]] = [  # id, ba
     ),
     (
         "cap-sys-admin",
-        {},
+        {"allow_privileged": True},
         {
             "containers": [
                 {"name": "train", "securityContext": {"capabilities": {"add": ["CAP_SYS_ADMIN"]}}}
@@ -241,7 +241,7 @@ TEMPLATES: list[tuple[str, dict[str, Any], dict[str, Any], Check]] = [  # id, ba
     ),
     (
         "root",  # root asked for: no runAsNonRoot beside it (the kubelet would refuse both)
-        {},
+        {"allow_privileged": True},
         {"securityContext": {"runAsUser": 0}, "containers": [{"name": "base"}]},
         lambda pod, c: (
             pod.spec.security_context.run_as_user == 0
@@ -406,7 +406,7 @@ def test_our_no_escalation_default_beside_privilege_is_what_the_server_refuses(
 
     c = plane
     tmpl = {"spec": {"containers": [{"name": "train", "securityContext": security}]}}
-    pod = build(backend(c.kubeconfig, "default", pod_template=tmpl))
+    pod = build(backend(c.kubeconfig, "default", pod_template=tmpl, allow_privileged=True))
     assert c.api.create_namespaced_pod("default", pod, dry_run="All").metadata.uid
     pod.spec.containers[0].security_context.allow_privilege_escalation = False
     with pytest.raises(client.ApiException) as err:
