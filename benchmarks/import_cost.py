@@ -49,6 +49,7 @@ def import_cost(runs: int) -> None:
 
 
 def reaction_time(poll: float) -> None:
+    from airflow_spot.backends.base import TaskIdentity
     from airflow_spot.backends.local import LocalBackend
     from airflow_spot.testing import scripted_trace
     from airflow_spot.triggers.watch import Watch
@@ -68,7 +69,7 @@ def reaction_time(poll: float) -> None:
         epoch = time.time()
         market = b.market_spec(epoch)
         h = b.launch(
-            {"dag_id": "bench", "task_id": "t", "run_id": "r", "map_index": -1},
+            TaskIdentity("bench", "t", "r"),
             1,
             "spot",
             [

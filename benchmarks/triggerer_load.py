@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from airflow_spot.backends.base import TaskIdentity  # noqa: E402
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
 from airflow_spot.triggers.attempt import AttemptTrigger
@@ -87,7 +88,7 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
         epoch = t_launch + rng.random()  # reclaims at any phase of the polls
         market = b.market_spec(epoch)
         h = b.launch(
-            {"dag_id": "load", "task_id": f"t{i}", "run_id": "r", "map_index": -1},
+            TaskIdentity("load", f"t{i}", "r"),
             1,
             "spot",
             ["sleep", "600"],

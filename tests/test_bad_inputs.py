@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from airflow_spot.backends.base import TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubePool, KubernetesBackend
 from airflow_spot.backends.kubernetes.placement import Placement
 from airflow_spot.backends.local import LocalBackend
@@ -47,7 +48,7 @@ from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trac
 
 MODEL = {10: b"weights at step 10", 20: b"weights at step 20"}  # the valid checkpoints
 BAD = "ckpt-000000000030"  # the newest checkpoint, bad in the resume rows
-IDENT = {"dag_id": "dag", "task_id": "train", "run_id": "r1", "map_index": -1, "try_number": 1}
+IDENT = TaskIdentity("dag", "train", "r1")
 KUBECONFIG = """apiVersion: v1
 kind: Config
 clusters: [{{name: c, cluster: {{server: "{server}", insecure-skip-tls-verify: true}}}}]

@@ -72,12 +72,6 @@ class TaskIdentity:
             int(d.get("try_number", 1)),
         )
 
-    @classmethod
-    def read(cls, ident: TaskIdentity | Mapping[str, Any]) -> TaskIdentity:
-        """What a backend was given as the task's identity: a TaskIdentity, or its dict form
-        (how backends took it before, and how a test may still give it)."""
-        return ident if isinstance(ident, TaskIdentity) else cls.from_dict(ident)
-
 
 @dataclass(frozen=True)
 class AttemptStatus:
@@ -225,7 +219,7 @@ class Backend(Protocol):
         pool: str = "",
     ) -> AttemptHandle:
         """Start attempt ``attempt`` of the task instance ``ident`` (a :class:`TaskIdentity`,
-        read with :meth:`TaskIdentity.read`); returns its handle. ``market``: the replayed
+        a :class:`TaskIdentity`); returns its handle. ``market``: the replayed
         market of the chosen pool (None on real capacity)."""
 
     def status(self, handle: AttemptHandle) -> AttemptStatus:

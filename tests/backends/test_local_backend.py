@@ -3,6 +3,7 @@ application failure, cancel of the whole process group."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_spot.backends.base import Outcome
+from airflow_spot.backends.base import Outcome, TaskIdentity
 from airflow_spot.backends.local import LocalBackend, ReplayMarket
 from airflow_spot.backends.local.market import Pool
 from airflow_spot.jobstate import AttemptHandle
@@ -41,7 +42,7 @@ def _backend(tmp_path: Path, pattern, scale: float = 600.0) -> tuple[LocalBacken
     return b, b.market_spec(time.time())
 
 
-IDENT = {"dag_id": "dag", "task_id": "train", "run_id": "run", "map_index": -1, "try_number": 1}
+IDENT = TaskIdentity("dag", "train", "run")
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
 
 
@@ -317,7 +318,7 @@ def test_a_renewed_lease_keeps_the_attempt_training(tmp_path: Path) -> None:
     while not (st := look(b, h)).terminal and time.time() < until:
         time.sleep(0.2)
     assert st.outcome is Outcome.SUCCEEDED, st
-    spot = dict(IDENT, task_id="spot")
+    spot = dataclasses.replace(IDENT, task_id="spot")
     h2 = b.launch(
         spot,
         1,

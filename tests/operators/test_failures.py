@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_spot.backends.base import TaskIdentity
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
 from airflow_spot.exceptions import ConfigError
@@ -175,7 +176,7 @@ def test_a_fresh_start_stops_what_the_failed_job_left_running(tmp_path: Path) ->
 
     op = _op(tmp_path, timedelta(hours=10))
     backend = op._backend()
-    ident = {"dag_id": "dag", "task_id": "train", "run_id": "run", "map_index": -1}
+    ident = TaskIdentity("dag", "train", "run")
     handle = backend.launch(
         ident,
         4,

@@ -181,7 +181,7 @@ class KubernetesBackend:
         :meth:`release_hold`."""
         from airflow_spot.backends.kubernetes.pods import attempt_pod, pod_name, task_labels
 
-        task = TaskIdentity.read(ident)
+        task = ident
         name = pod_name(task, attempt)
         # built first: a template that is not a pod fails before anything is deleted
         pod = attempt_pod(
@@ -230,7 +230,7 @@ class KubernetesBackend:
         next try adopts those no record holds."""
         out = [
             found_attempt(p, self.namespace)
-            for p in self.api.pods(_selector(TaskIdentity.read(ident)))
+            for p in self.api.pods(_selector(ident))
             if not is_probe(p)
         ]
         return sorted((h for h in out if h is not None), key=lambda h: h.attempt or 0)
@@ -398,7 +398,7 @@ class KubernetesBackend:
         that pool); returns its handle ``{namespace, name, pool, created_at}`` (JSON-able)."""
         from airflow_spot.backends.kubernetes.probing import start_probe
 
-        return start_probe(self, TaskIdentity.read(ident), pool)
+        return start_probe(self, ident, pool)
 
     def probe_signal(self, probe: dict[str, Any], now: float) -> SpotSignal | None:
         """What the probe shows now: bound, up; refused (backoff, an ICE for its pool, or

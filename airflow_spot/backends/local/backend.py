@@ -265,7 +265,7 @@ class LocalBackend:
         return AttemptHandle(launched_at=time.time(), run_dir=str(run_dir))
 
     def _task_dir(self, ident: TaskIdentity) -> Path:
-        task = TaskIdentity.read(ident)
+        task = ident
         key = "/".join(
             _safe(str(v)) for v in (task.dag_id, task.run_id, task.task_id, task.map_index)
         )
