@@ -150,6 +150,9 @@ class JobState:
     snapshot: dict[str, Any] | None = None  # the live summary the UI shows while the job runs
     save_s: float | None = None  # wall seconds of the longest checkpoint save reported
     save_warned: bool = False  # the user was told a save outlasts the preemption grace
+    # the newest checkpoint step the job has seen (the trainer's reports, the location's
+    # newest manifest): a location that later shows less lost checkpoints (the UI's progress)
+    checkpoint_seen: int = 0
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +262,11 @@ class JobState:
         if len(self.decisions) > MAX_DECISIONS:
             self.decisions_dropped += len(self.decisions) - MAX_DECISIONS
             del self.decisions[:-MAX_DECISIONS]
+
+    def record_event(self, wall: float, text: str, step: int | None = None) -> None:
+        """A warning in the decision log the UI shows (no capacity: not a decision)."""
+        self.record_decision(wall, "", text, step)
+        self.decisions[-1]["event"] = "warning"
 
     # -- measurement ------------------------------------------------------------------------
     def _runs(self) -> list[tuple[int, float]]:
@@ -373,6 +381,7 @@ class JobState:
                     "infra_disruption",
                     "app_failure",
                     "oom_killed",
+                    "checkpoint_unwritable",
                 )
                 lost = max(0, step_end - kept) * seconds_per_step if failed else 0.0
                 p1 = step_end * seconds_per_step

@@ -35,6 +35,9 @@ class Outcome(str, Enum):
     )
     OOM_KILLED = "oom_killed"
     APP_FAILURE = "app_failure"  # non-zero exit on healthy capacity
+    # the checkpoint location took no writes (full, read-only, denied: the training process
+    # exited STORAGE_EXIT): the environment's trouble, which spends no budget
+    CHECKPOINT_UNWRITABLE = "checkpoint_unwritable"
     CANCELLED = "cancelled"  # we stopped it (decision or kill)
 
 

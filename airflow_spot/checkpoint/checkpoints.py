@@ -35,6 +35,7 @@ from airflow_spot.checkpoint.manifest import (
     Manifest,
     checkpoint_name,
 )
+from airflow_spot.checkpoint.writable import writing
 from airflow_spot.exceptions import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ class Checkpoints:
     ) -> Manifest:
         """Write ``files`` for ``step``, then the manifest; then apply retention. A file is
         bytes or the path of a local file (streamed: hashed, then uploaded in parts), which
-        must not change until this returns."""
+        must not change until this returns. A location that takes no writes (full, read-only,
+        permission denied) raises :class:`~.writable.LocationUnwritable`; the checkpoints
+        saved before stay as they were."""
         if not files:
             raise CheckpointError("a checkpoint needs at least one file")
         for name in files:
@@ -82,7 +85,8 @@ class Checkpoints:
             key = f"{base}/{name}"
             if isinstance(data, (bytes, bytearray, memoryview)):
                 data = bytes(data)
-                self.store.put(key, data)
+                with writing(self.store):
+                    self.store.put(key, data)
                 entries[name] = FileEntry(hashlib.sha256(data).hexdigest(), len(data))
             elif isinstance(data, os.PathLike):
                 entries[name] = self._put_path(name, key, data)
@@ -98,7 +102,8 @@ class Checkpoints:
         manifest = Manifest(
             step, total_steps, now, entries, dict(metrics or {}), dict(extra or {}), tags
         )
-        self.store.put(f"{base}/{MANIFEST}", manifest.to_json())
+        with writing(self.store):
+            self.store.put(f"{base}/{MANIFEST}", manifest.to_json())
         self._verified.add(base)
         self._retain(base)
         return manifest
@@ -115,7 +120,8 @@ class Checkpoints:
         if not stat.S_ISREG(before.st_mode):
             raise CheckpointError(f"{name}: {os.fspath(path)} is not a file")
         sha, size = file_digest(path)
-        self.store.put_file(key, path)
+        with writing(self.store):
+            self.store.put_file(key, path)
         after = os.stat(path)
         if not (
             before.st_size == size == after.st_size and before.st_mtime_ns == after.st_mtime_ns

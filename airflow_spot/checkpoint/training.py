@@ -17,10 +17,15 @@ whole checkpoint there and returns its files' paths.
 The backend tells the training process where to checkpoint and how to hear about a
 preemption through environment variables (names in :data:`ENV`). A SIGTERM or the notice
 file appearing makes the next ``step_done`` save immediately and exit.
+
+A save that the location refuses (full, read-only, permission denied) stops the process with
+:data:`STORAGE_EXIT`, after writing why (:data:`~.writable.REASON_FILE`) beside the progress
+file: the operator then waits for the location rather than counting an application failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -35,6 +40,7 @@ from typing import TypeVar
 from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.manifest import Manifest
 from airflow_spot.checkpoint.stores import open_store
+from airflow_spot.checkpoint.writable import REASON_FILE, LocationUnwritable
 from airflow_spot.exceptions import ConfigError
 
 log = logging.getLogger(__name__)
@@ -57,6 +63,9 @@ LEASE_ANNOTATION = "airflow-spot/lease-until"
 HOLD_POLL_S = 0.2
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: "stopped on request after saving"
 CONFIG_EXIT = 78  # sysexits' EX_CONFIG: the operator fails the task at once, without retries
+# sysexits' EX_CANTCREAT: the checkpoint location takes no writes (full, read-only, denied); the
+# operator records it as checkpoint_unwritable (no failure budget spent) and waits for it
+STORAGE_EXIT = 73
 T = TypeVar("T")
 
 
@@ -105,6 +114,7 @@ class TrainingSession:
         self.stop_requested = False
         self.last_saved: int | None = None
         self.save_s: float | None = None  # the longest save so far (state() and the upload)
+        self.report_failed = False  # a progress report could not be written (said once)
 
     @classmethod
     def from_env(
@@ -225,9 +235,12 @@ class TrainingSession:
         stopping = self.notice()
         saved = None
         if stopping or step % self.save_every == 0 or step >= self.total_steps:
-            saved = self.checkpoints.save(
-                step, state(), now=done_at, total_steps=self.total_steps, metrics=metrics
-            )
+            try:
+                saved = self.checkpoints.save(
+                    step, state(), now=done_at, total_steps=self.total_steps, metrics=metrics
+                )
+            except LocationUnwritable as e:
+                self._stop_unwritable(step, e)
             self.last_saved = step
             self.save_s = max(self.save_s or 0.0, self.clock() - done_at)  # the slowest
         self._report(step, metrics, done_at)
@@ -240,6 +253,24 @@ class TrainingSession:
             sys.exit(PREEMPTED_EXIT)
         return saved
 
+    def _stop_unwritable(self, step: int, e: LocationUnwritable) -> None:
+        """The location refused the save: say why beside the progress file (for the operator)
+        and in the log, and exit with :data:`STORAGE_EXIT`. The checkpoints saved before are
+        kept; relaunching at once would only meet the same full or read-only location."""
+        log.error(
+            "Could not save checkpoint step %d: %s. Stopping (exit %d): the location, not the "
+            "training code, failed; the last checkpoint saved (step %s) is kept.",
+            step,
+            e,
+            STORAGE_EXIT,
+            self.last_saved,
+        )
+        if self.progress_file is not None:
+            doc = {**e.to_dict(), "step": step, "checkpoint_step": self.last_saved}
+            with contextlib.suppress(OSError):  # the same disk may be full: the log says it
+                _write_private(self.progress_file.with_name(REASON_FILE), json.dumps(doc))
+        sys.exit(STORAGE_EXIT)
+
     def _report(self, step: int, metrics: dict[str, float] | None, at: float) -> None:
         if self.progress_file is None:
             return
@@ -251,12 +282,24 @@ class TrainingSession:
             "time": at,
             "metrics": metrics or {},
         }
-        tmp = self.progress_file.with_name(self.progress_file.name + ".tmp")
-        # in the attempt's private folder, private too (0600)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(doc))
-        os.replace(tmp, self.progress_file)
+        try:
+            _write_private(self.progress_file, json.dumps(doc))
+        except OSError as e:  # a full disk: training goes on, and the next save says so
+            if not self.report_failed:
+                log.warning(
+                    "Could not report progress to %s (%s); training on.", self.progress_file, e
+                )
+            self.report_failed = True
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` whole (a temporary file renamed into place), this user's only (0600: it
+    is in the attempt's private folder)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _annotation_set(path: Path, key: str) -> bool:

@@ -1,5 +1,6 @@
 """The live attempt of a job: launch it, read its status and progress, close its record when
-it ends (spending the budgets), and stop it."""
+it ends (spending the budgets), and stop it. What the checkpoint location shows between
+attempts (vanished checkpoints, a location that takes no writes) is judged in ``storage``."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from airflow_spot.backends.base import (
 )
 from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.manifest import Manifest
-from airflow_spot.checkpoint.training import CONFIG_EXIT
+from airflow_spot.checkpoint.training import CONFIG_EXIT, STORAGE_EXIT
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
 from airflow_spot.operators.capacity import SpotCapacity
 from airflow_spot.operators.job import JobArgs, TaskIdentity
+from airflow_spot.operators.storage import hold_back, saw_checkpoint, saw_progress
 from airflow_spot.policy import Capacity, JobSpec
 
 log = logging.getLogger(__name__)
@@ -180,8 +182,9 @@ class LiveAttempt:
                 and m.created >= rec.launched_at
                 and m.step > rec.step_start
             ):
-                prog = {"step": m.step, "time": m.created}
+                prog = {"step": m.step, "time": m.created, "checkpoint_step": m.step}
         if prog is not None:
+            saw_progress(self.state, prog.get("checkpoint_step"))
             if rec.first_step is None:
                 rec.first_step, rec.first_step_at = int(prog["step"]), float(prog["time"])
             rec.step_end, rec.last_step_at = int(prog["step"]), float(prog["time"])
@@ -214,7 +217,10 @@ class LiveAttempt:
         rec.outcome = status.outcome.value if status.outcome else Outcome.INFRA_DISRUPTION.value
         rec.reason = status.reason
         rec.exit_code = status.exit_code
+        if rec.outcome == Outcome.APP_FAILURE.value and rec.exit_code == STORAGE_EXIT:
+            rec.outcome = Outcome.CHECKPOINT_UNWRITABLE.value  # a backend that does not know 73
         latest = self.checkpoints.latest_manifest()
+        saw_checkpoint(st, self.checkpoints, self.ident, self.args.checkpoint_uri, latest, now)
         rec.ckpt_step_end = latest.step if latest else 0
         if rec.step_end is None:
             rec.step_end = rec.step_start
@@ -231,8 +237,9 @@ class LiveAttempt:
         elif st.live is rec:  # not an unrecorded attempt closed beside the one that trains
             st.current = None
         failed = rec.outcome in (Outcome.APP_FAILURE.value, Outcome.OOM_KILLED.value)
+        unwritable = rec.outcome == Outcome.CHECKPOINT_UNWRITABLE.value
         # the log goes with the pod: read it before the release deletes it
-        tail = self.backend.log_tail(rec.handle) if failed else ""
+        tail = self.backend.log_tail(rec.handle) if failed or unwritable else ""
         self.backend.release(rec.handle, rec.outcome)
         self._spend(rec, failed, tail)
         if failed and rec.exit_code == CONFIG_EXIT:
@@ -260,6 +267,15 @@ class LiveAttempt:
             )
         elif rec.outcome == Outcome.INFRA_DISRUPTION.value:
             st.infra_disruptions += 1
+        elif rec.outcome == Outcome.CHECKPOINT_UNWRITABLE.value:
+            log.warning(
+                "Attempt %d could not write its checkpoint: %s. The location, not the training "
+                "code, failed: no budget is spent, and the next launch waits until the location "
+                "takes writes. Log tail:\n%s",
+                rec.attempt,
+                rec.reason,
+                tail,
+            )
         lost = max(0, (rec.step_end or 0) - (rec.ckpt_step_end or 0))
         log.info(
             "Attempt %d on %s ended: %s (%s); progress step %s, checkpoint step %s, %d steps lost. "
@@ -288,15 +304,17 @@ class LiveAttempt:
         return live
 
     # -- starting ---------------------------------------------------------------------------
-    def launch(self, capacity: Capacity, job: JobSpec, hold: bool = False) -> AttemptRecord:
+    def launch(self, capacity: Capacity, job: JobSpec, hold: bool = False) -> AttemptRecord | None:
         """Start the next attempt on ``capacity`` from the newest checkpoint; ``hold``: a
         make-before-break return, launched while the live attempt trains on (it waits, ready,
-        until :meth:`refresh_coming` hands over)."""
+        until :meth:`refresh_coming` hands over). None: not launched (:meth:`_held_back`)."""
         st = self.state
         n = len(st.attempts) + 1
         latest = self.checkpoints.latest_manifest()
         self._catch_up(latest)
         now = time.time()
+        if self._held_back(latest, job, now):
+            return None
         pool, price = "", job.on_demand_price
         if capacity is Capacity.SPOT:
             price = job.spot_price
@@ -346,6 +364,13 @@ class LiveAttempt:
             _where(handle),
         )
         return rec
+
+    def _held_back(self, latest: Manifest | None, job: JobSpec, now: float) -> bool:
+        """Before a launch: say if checkpoints vanished (and restore the claim); True while the
+        location the last attempt could not write still takes no writes (``storage``)."""
+        st, uri = self.state, self.args.checkpoint_uri
+        saw_checkpoint(st, self.checkpoints, self.ident, uri, latest, now)
+        return hold_back(st, self.checkpoints, uri, job, latest, now)
 
     def _catch_up(self, latest: Manifest | None) -> None:
         """Credit the ended attempt with a checkpoint it finished after its verdict. A real

@@ -32,8 +32,7 @@ def claim_location(
     )
     # one record per task and run, claimed in one conditional write: of two map indexes
     # starting together exactly one gets it, whatever earlier runs left here
-    run = hashlib.sha1(f"{me['dag_id']}/{me['task_id']}/{me['run_id']}".encode())
-    claim = f"job-owner-{run.hexdigest()[:16]}.json"
+    claim = claim_key(me)
     first = ckpts.claim(me, claim)
     if first is not None and first.get("map_index") != me["map_index"]:
         raise ConfigError(
@@ -43,6 +42,24 @@ def claim_location(
             f"{fix}",
         )
     _check_owner(ckpts, ti, me, uri, total_steps, fix, claim if first is None else None, log)
+
+
+def claim_key(me: dict[str, Any]) -> str:
+    """The name of the claim of one task in one run (``job-owner-<hash>.json``)."""
+    run = hashlib.sha1(f"{me['dag_id']}/{me['task_id']}/{me['run_id']}".encode())
+    return f"job-owner-{run.hexdigest()[:16]}.json"
+
+
+def restore_claim(ckpts: Checkpoints, ident: Any) -> bool:
+    """Write back this task instance's claim and owner record where they are gone (the
+    location was deleted while the job ran): without them another job would not be refused
+    this location. True if anything was written back."""
+    me = {k: getattr(ident, k, None) for k in ("dag_id", "task_id", "run_id", "map_index")}
+    restored = ckpts.claim(me, claim_key(me)) is None
+    if ckpts.owner() is None:
+        ckpts.set_owner(me)
+        restored = True
+    return restored
 
 
 def _check_owner(

@@ -27,10 +27,7 @@ def row(
     """One table row from a job state (finished summary, or the live snapshot)."""
     summary = state.get("finished") or state.get("snapshot") or {}
     total = state.get("total_steps") or 0
-    decisions = state.get("decisions") or []
-    step = next((d.get("step") for d in reversed(decisions) if d.get("step") is not None), 0) or 0
-    if state.get("finished"):
-        step = (summary.get("final_checkpoint") or {}).get("step", step)
+    step = _step(state, summary)
     live = next((a for a in state.get("attempts", []) if a.get("ended_at") is None), None)
     return {
         "dag_id": dag_id,
@@ -62,6 +59,22 @@ def row(
         "failed": state.get("failed"),
         "updated_at": updated_at.isoformat() if updated_at else None,
     }
+
+
+def _step(state: dict[str, Any], summary: dict[str, Any]) -> int:
+    """The job's progress in steps: the final checkpoint once done; else the last decision's
+    step or the newest checkpoint the job has seen, whichever is more (a job that failed
+    before deciding again still shows the checkpoints its attempts saved)."""
+    if state.get("finished"):
+        final = (summary.get("final_checkpoint") or {}).get("step")
+        if isinstance(final, int):
+            return final
+    decisions = state.get("decisions") or []
+    step = next((d.get("step") for d in reversed(decisions) if d.get("step") is not None), 0) or 0
+    seen = state.get("checkpoint_seen")
+    if seen is None:  # stored before the job kept it: its attempts' newest checkpoint
+        seen = max((a.get("ckpt_step_end") or 0 for a in state.get("attempts") or []), default=0)
+    return max(int(step), int(seen))
 
 
 def signal_text(sig: dict[str, Any] | None, probing: bool = False) -> str:

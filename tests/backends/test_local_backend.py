@@ -331,3 +331,32 @@ def test_a_renewed_lease_keeps_the_attempt_training(tmp_path: Path) -> None:
     )
     st2 = _wait(b, h2)
     assert st2.outcome is Outcome.INFRA_DISRUPTION and "while waiting for spot" in st2.reason
+
+
+def test_a_checkpoint_location_that_takes_no_writes_is_not_an_application_failure(
+    tmp_path: Path,
+) -> None:
+    """The example trainer, its location under a regular file (ENOTDIR: not even root writes
+    there), exits 73: the verdict is checkpoint_unwritable, with the location and the error
+    the trainer wrote beside its progress file."""
+    from airflow_spot.testing import train_command
+
+    b, market = _backend(tmp_path, [(True, 100)])
+    (tmp_path / "file").write_text("not a folder")
+    location = tmp_path / "file" / "ckpt"
+    h = b.launch(
+        IDENT,
+        1,
+        "on_demand",
+        train_command(20, save_every=5),
+        checkpoint_uri=str(location),
+        changeover_wall_s=0.0,
+        market=market,
+    )
+    st = _wait(b, h)
+    assert (st.outcome.value, st.exit_code) == ("checkpoint_unwritable", 73)
+    assert st.reason == (
+        f"checkpoint location {location.as_uri()} cannot be written: Not a directory "
+        f"(ENOTDIR); {st.reason.split('; ')[1]}; the training process stopped (exit 73)"
+    )
+    assert "Could not save checkpoint step 5" in b.log_tail(h)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_spot.backends.base import TaskIdentity
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.backends.local.backend import read_status
 from airflow_spot.exceptions import ConfigError
@@ -119,8 +120,8 @@ def test_an_attempt_launched_by_a_worker_that_died_before_recording_it_is_adopte
     LocalBackend().cancel(h2)
 
 
-def _ident(state: dict) -> dict:
+def _ident(state: dict) -> TaskIdentity:
     """The task identity the first try launched under (from its run folder)."""
     run_dir = Path(state["attempts"][0]["handle"]["run_dir"])
     dag, run, task, mi = run_dir.parts[-5:-1]
-    return {"dag_id": dag, "run_id": run, "task_id": task, "map_index": int(mi)}
+    return TaskIdentity(dag, task, run, int(mi))

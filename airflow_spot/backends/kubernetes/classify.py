@@ -31,6 +31,7 @@ from airflow_spot.backends.kubernetes.vocabulary import (
     SHUTDOWN_MESSAGES,
     SHUTDOWN_REASONS,
     SIGNAL_EXITS,
+    STORAGE_EXIT,
 )
 
 
@@ -43,6 +44,7 @@ class Verdict(str, Enum):
     INFRA_DISRUPTION = "infra_disruption"
     OOM_KILLED = "oom_killed"
     APP_FAILURE = "app_failure"
+    CHECKPOINT_UNWRITABLE = "checkpoint_unwritable"
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,18 @@ def lease_expired(f: Facts) -> Classification | None:
     )
 
 
+def checkpoint_unwritable(f: Facts) -> Classification | None:
+    """Exit 73 of a failed pod on healthy capacity: its checkpoint location took no writes."""
+    bad = f.bad_exits
+    if f.phase != "Failed" or STORAGE_EXIT not in bad or f.cloud or f.node_not_ready:
+        return None
+    return Classification(
+        Verdict.CHECKPOINT_UNWRITABLE,
+        f"the checkpoint location took no writes (exit {STORAGE_EXIT}; the log says why)",
+        (f"exit {STORAGE_EXIT}",),
+    )
+
+
 def exit_on_healthy_capacity(f: Facts) -> Classification | None:
     """Non-zero exits of a failed pod with no cloud evidence and no NotReady node."""
     bad = f.bad_exits
@@ -367,6 +381,7 @@ RULES: tuple[Rule, ...] = (
     oom_killed,
     signal_after_notice,
     lease_expired,
+    checkpoint_unwritable,
     exit_on_healthy_capacity,
     exit_while_reclaimed,
     failed_unexplained,

@@ -31,6 +31,7 @@ from airflow_spot.checkpoint.training import HOLD_ANNOTATION as HOLD_ANNOTATION
 from airflow_spot.checkpoint.training import LEASE_ANNOTATION as LEASE_ANNOTATION
 from airflow_spot.checkpoint.training import NOTICE_ANNOTATION as NOTICE_ANNOTATION
 from airflow_spot.checkpoint.training import PREEMPTED_EXIT
+from airflow_spot.checkpoint.training import STORAGE_EXIT as STORAGE_EXIT
 
 # -- annotations on an attempt's pod ----------------------------------------------------------
 LAUNCHED_ANNOTATION = "airflow-spot/launched-at"  # wall time of the launch, to the microsecond

@@ -13,7 +13,9 @@ spec's ``env`` (ours). Every file the supervisor writes is this user's only (uma
 On spot, when the replayed market takes capacity away: the notice file appears, then after
 ``notice_s`` the process group gets SIGTERM, then after ``grace_s`` SIGKILL. The outcome is
 ``preempted`` unless the command exits 0 first. A non-zero exit on healthy capacity is an
-``app_failure``. SIGTERM to the supervisor itself cancels: the whole group is killed and the
+``app_failure``, except exit 73 (``STORAGE_EXIT``: the checkpoint location took no writes),
+which is ``checkpoint_unwritable`` with the reason the training process wrote beside its
+progress file. SIGTERM to the supervisor itself cancels: the whole group is killed and the
 outcome is ``cancelled``. Nothing is left running.
 
 The lease (``lease_file``, renewed by the operator and its trigger while they watch): once it
@@ -41,6 +43,8 @@ from typing import Any
 from airflow_spot.backends.base import AttemptStatus, Outcome, State
 from airflow_spot.backends.local.files import write_json
 from airflow_spot.backends.local.market import MarketSpec, ReplayMarket
+from airflow_spot.checkpoint.training import ENV, STORAGE_EXIT
+from airflow_spot.checkpoint.writable import REASON_FILE, describe
 
 # errors that say the command itself cannot run (not the host): the application's failure
 COMMAND_ERRNOS = {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR}
@@ -304,6 +308,8 @@ class Supervisor:
                 market_tick=self.doc.get("market_tick"),
                 notice_at=notice_at,
             )
+        elif rc == STORAGE_EXIT:
+            self.finish(Outcome.CHECKPOINT_UNWRITABLE, self._unwritable_reason(), exit_code=rc)
         elif rc in (-signal.SIGKILL, OOM_EXIT):
             self.finish(
                 Outcome.APP_FAILURE,
@@ -316,6 +322,18 @@ class Supervisor:
                 f"the training command exited {rc} on healthy capacity",
                 exit_code=rc,
             )
+
+    def _unwritable_reason(self) -> str:
+        """Why the training process exited STORAGE_EXIT, as it wrote beside its progress file
+        (the location, the error, the free space); its log holds it otherwise."""
+        progress = self.spec.get("env", {}).get(ENV["progress_file"])
+        path = Path(progress).with_name(REASON_FILE) if progress else self.run_dir / REASON_FILE
+        try:
+            doc = json.loads(path.read_text())
+            said = describe(str(doc["location"]), str(doc["error"]), doc.get("free_bytes"))
+        except (OSError, ValueError, KeyError, TypeError):
+            said = "the checkpoint location cannot be written (the attempt's log says why)"
+        return f"{said}; the training process stopped (exit {STORAGE_EXIT})"
 
     def _stop_child(self, grace_s: float) -> None:
         if self.child is None or self.child.poll() is not None:

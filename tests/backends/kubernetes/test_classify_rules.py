@@ -65,6 +65,7 @@ def test_rules_are_named_module_functions_in_order():
         "oom_killed",
         "signal_after_notice",
         "lease_expired",
+        "checkpoint_unwritable",
         "exit_on_healthy_capacity",
         "exit_while_reclaimed",
         "failed_unexplained",

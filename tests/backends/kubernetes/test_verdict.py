@@ -190,6 +190,14 @@ def test_a_non_zero_exit_on_healthy_capacity_is_the_application_s() -> None:
     )
 
 
+def test_exit_73_on_healthy_capacity_is_an_unwritable_checkpoint_location() -> None:
+    """The training helper's exit when its checkpoint location took no writes: not the
+    application's failure (no budget spent)."""
+    got = judged(launched("on_demand"), pod("Failed", state=exited(73)), node(ON_DEMAND))
+    assert got.status.outcome is Outcome.CHECKPOINT_UNWRITABLE and got.status.exit_code == 73
+    assert "checkpoint location took no writes" in got.status.reason
+
+
 def test_an_oom_kill_is_its_own_outcome() -> None:
     got = judged(launched(), pod("Failed", state=exited(137, "OOMKilled")), node(SPOT))
     assert got.status.outcome is Outcome.OOM_KILLED and got.status.exit_code == 137
