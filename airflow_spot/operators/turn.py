@@ -22,6 +22,7 @@ from airflow_spot.exceptions import (
 from airflow_spot.jobstate import JobState
 from airflow_spot.operators.attempt import LiveAttempt
 from airflow_spot.operators.capacity import SpotCapacity
+from airflow_spot.operators.failure_reserve import failure_reserve_s
 from airflow_spot.operators.job import MIN_STEPS_FOR_RATE, JobArgs, TaskIdentity
 from airflow_spot.operators.summary import Report
 from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
@@ -249,9 +250,12 @@ class Turn:
         return Progress(total, done_steps, reported, sps, changeover)
 
     def _job(self, p: Progress) -> JobSpec:
-        """The policy's job: the work at the measured rate, the deadline less the guard."""
+        """The policy's job: the work at the measured rate, the deadline less the guard, and
+        the reserve for the application failures still allowed (:mod:`.failure_reserve`)."""
         st, work_s = self.state, p.total * p.sps
         guard = self._guard(p.total - p.reported, p.sps, work_s, p.changeover)
+        tick_s = self.args.decision_interval.total_seconds() * st.time_scale
+        kept = failure_reserve_s(st, self.checkpoints, self.args.max_failures, p, tick_s)
         try:
             return JobSpec(
                 work_s,
@@ -259,8 +263,9 @@ class Turn:
                 p.changeover,
                 self.args.spot_price,
                 self.args.on_demand_price,
-                tick_s=self.args.decision_interval.total_seconds() * st.time_scale,
+                tick_s=tick_s,
                 max_preemptions=self.args.max_preemptions,
+                failure_reserve_s=kept,
             )
         except ConfigError as e:
             if e.field != "deadline_s":

@@ -2,10 +2,11 @@
 
 A policy is an object with ``decide(job, obs) -> Decision``. Every registered policy is
 wrapped by one safety net (:func:`safety_net`) that keeps the deadline reachable whenever it
-still is: once the whole remaining work plus one changeover no longer fits in the whole
-decision intervals left before the deadline, the job goes to on-demand (a spot instance that
-is already running past its changeover may finish the interval: its progress counts even if
-it is reclaimed at the next look).
+still is: once the whole remaining work plus one changeover (plus the job's reserve for
+application failures, :attr:`JobSpec.failure_reserve_s`) no longer fits in the whole decision
+intervals left before the deadline, the job goes to on-demand (a spot instance that is
+already running past its changeover may finish the interval: its progress counts even if it
+is reclaimed at the next look).
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ def ticks_left(job: JobSpec, obs: Observation) -> int:
 
 
 def ticks_needed(job: JobSpec, obs: Observation, changeovers: int = 1) -> int:
-    """Decision intervals the remaining work needs on on-demand, with ``changeovers`` launches."""
+    """Decision intervals the remaining work needs on on-demand, with ``changeovers`` launches
+    and the reserve for application failures (:attr:`JobSpec.failure_reserve_s`; with none,
+    the sum is the one it always was: adding 0.0 changes no float)."""
     remaining = job.work_s - obs.done_s
-    return math.ceil((remaining + changeovers * job.changeover_s) / job.tick_s)
+    need = remaining + changeovers * job.changeover_s + job.failure_reserve_s
+    return math.ceil(need / job.tick_s)
 
 
 def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
@@ -42,8 +46,8 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     if choice.capacity is Capacity.ON_DEMAND:
         return choice
     # ticks_needed(job, obs) < ticks_left(job, obs), inlined: a replay asks this at every look
-    tick, now, done = job.tick_s, obs.now, obs.done_s
-    if math.ceil((job.work_s - done + job.changeover_s) / tick) < math.floor(
+    tick, now, done, kept = job.tick_s, obs.now, obs.done_s, job.failure_reserve_s
+    if math.ceil((job.work_s - done + job.changeover_s + kept) / tick) < math.floor(
         (job.deadline_s - now) / tick
     ):
         return choice
@@ -54,6 +58,8 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     ):
         return choice  # a running spot instance's next interval of progress is certain
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
+    if kept > 0.0:  # the slack may be hours: say what it is kept for
+        return Decision(Capacity.ON_DEMAND, "safety_reserve", (slack_h, kept / HOUR))
     return Decision(Capacity.ON_DEMAND, "safety", (slack_h,))
 
 
@@ -168,7 +174,13 @@ def _exact_job(job: JobSpec) -> bool:
     if last is not job:  # a replay asks for one job thousands of times in a row
         answer = all(
             0.0 <= v < _WHOLE and float(v).is_integer()
-            for v in (job.work_s, job.deadline_s, job.changeover_s, job.tick_s)
+            for v in (
+                job.work_s,
+                job.deadline_s,
+                job.changeover_s,
+                job.tick_s,
+                job.failure_reserve_s,
+            )
         )
         _last_job = (job, answer)  # one assignment: a thread never sees half of it
     return answer

@@ -25,6 +25,9 @@ one a tick together, so every comparison of ``ticks_needed`` with ``ticks_left``
 outcome; while idle, only the intervals left fall, and the Uniform Progress line rises by
 ``C / R`` a tick: the look at which a rule changes is counted in whole numbers (only where
 :func:`~airflow_spot.policy.base.exact` says the arithmetic is; otherwise no hint).
+``ticks_needed`` counts the job's reserve for application failures as the safety net does, so
+no hint counts past the look at which the net would take over (a replay's reserve is 0: the
+hints, and the paper's rules, are as they always were).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ SPOT_UP = Decision(Capacity.SPOT, "spot_up")
 STAY_SPOT = Decision(Capacity.SPOT, "stay_spot")
 
 DEFAULT_PREEMPTION_BUDGET = 3
+# the rules of an on-demand decision taken because the deadline is at risk (the baselines' own
+# and the safety net's, with or without a reserve for application failures)
+SAFETY = frozenset({"safety", "safety_reserve"})
 
 
 def _wait(job: JobSpec, obs: Observation) -> Decision:
@@ -170,7 +176,7 @@ class UniformProgress(Policy):
                 return 0
             on_line = (done * r - now * w) // (g * w)  # looks with (now + j g) C / R <= done
             return min(on_line, ticks_left(job, obs) - ticks_needed(job, obs, 2) - 1)
-        if decision.rule == "safety":  # work left and intervals left fall together
+        if decision.rule in SAFETY:  # work left and intervals left fall together
             return ALWAYS
         if _launching(obs) and (decision.look or not _slack_kept(job, obs)):
             return 0  # the first look's progress, less than a tick, may change either
@@ -188,7 +194,7 @@ class UniformProgress(Policy):
         return (
             own_rules(self, UniformProgress)
             and obs.capacity is Capacity.ON_DEMAND
-            and (decision.rule == "safety" or (decision.rule == "hysteresis" and not decision.look))
+            and (decision.rule in SAFETY or (decision.rule == "hysteresis" and not decision.look))
         )
 
 
@@ -232,11 +238,11 @@ class LastAttemptOnDemand(Policy):
 
 def _slack_gone(job: JobSpec, obs: Observation) -> bool:
     """``ticks_needed(job, obs, 2) >= ticks_left(job, obs)``: the work plus two changeovers
-    no longer fits in the intervals left (inlined: a replay asks at every look)."""
+    (and the reserve for application failures) no longer fits in the intervals left (inlined:
+    a replay asks at every look)."""
     tick = job.tick_s
-    return math.ceil((job.work_s - obs.done_s + 2 * job.changeover_s) / tick) >= math.floor(
-        (job.deadline_s - obs.now) / tick
-    )
+    need = job.work_s - obs.done_s + 2 * job.changeover_s + job.failure_reserve_s
+    return math.ceil(need / tick) >= math.floor((job.deadline_s - obs.now) / tick)
 
 
 def _held(job: JobSpec, obs: Observation, decision: Decision) -> bool:

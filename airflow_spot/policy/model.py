@@ -37,6 +37,9 @@ class JobSpec:
     :param tick_s: how often the policy is asked again; the safety net keeps this much margin.
     :param max_preemptions: preemptions to tolerate on spot before ``last_attempt_on_demand``
         moves to on-demand for good (``None`` = unlimited).
+    :param failure_reserve_s: seconds the safety net keeps in hand for the application
+        failures the job may still have (each loses the work since the last checkpoint and
+        pays a changeover); the live operator measures it, a replay has none (0).
     """
 
     work_s: float
@@ -46,6 +49,7 @@ class JobSpec:
     on_demand_price: float = REFERENCE_ON_DEMAND_PRICE
     tick_s: float = 600.0
     max_preemptions: int | None = None
+    failure_reserve_s: float = 0.0  # last: positional construction stays as it was
 
     def __post_init__(self) -> None:
         _positive("work_s", self.work_s, "the compute time the job needs, e.g. 48 h = 172800")
@@ -61,6 +65,9 @@ class JobSpec:
             isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0
         ):
             raise InvalidJobSpec("max_preemptions", f"must be an integer >= 0 or None, got {n!r}")
+        r = self.failure_reserve_s
+        if not (finite_number(r) and r >= 0):
+            raise InvalidJobSpec("failure_reserve_s", f"must be >= 0 seconds, got {r!r}")
         if self.deadline_s < self.work_s:
             raise InvalidJobSpec(
                 "deadline_s",
@@ -274,6 +281,7 @@ REASONS: dict[str, str] = {
     "budget_spent": "{0} preemptions spent the budget of {1}: on-demand for the rest",
     "spot_ask": "spot unseen ({0}): ask for it (the request waits unbilled if spot is down)",
     "safety": "slack {0:.2f} h would not cover a changeover and the next look: on-demand to meet the deadline",
+    "safety_reserve": "slack {0:.2f} h would not cover a changeover, the next look and the {1:.2f} h kept for application failures: on-demand to meet the deadline",
 }
 REASONS.update(
     {
