@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from airflow_spot.policy import Capacity, JobSpec, Policy
 from airflow_spot.policy.base import EPS
-from airflow_spot.simulate.engine import SpotRuns
+from airflow_spot.simulate.spot_runs import SpotRuns
+from airflow_spot.simulate.ticks import changeover, check_tick
 from airflow_spot.simulate.traces import Trace
 
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
@@ -52,8 +53,7 @@ def replay_pools(
     ticks = sorted({p.gap_s for p in pools})
     if len(ticks) > 1:
         raise ValueError(f"pools must share one tick; got {ticks} s (resample them)")
-    if abs(job.tick_s - gap) > 1e-9:
-        raise ValueError(f"job.tick_s={job.tick_s} must equal the pools' tick {gap}")
+    check_tick(job, gap, "the pools'")
     n = min(len(p) for p in pools)
     avail = [p.available[:n].tolist() for p in pools]
     prices = [
@@ -75,10 +75,7 @@ def replay_pools(
             down += gap
         last = cur
         if last is not NONE:
-            w = gap - rro if gap > rro else 0.0
-            rro = max(0.0, rro - (gap - w))
-            if rro < EPS:
-                rro = 0.0
+            w, _, rro = changeover(gap, rro)
             done += min(w, job.work_s - done)
             if last is OD:
                 cost += gap / 3600.0 * job.on_demand_price
