@@ -34,7 +34,7 @@ from airflow_spot.backends.base import Outcome
 if TYPE_CHECKING:
     from airflow_spot.checkpoint.checkpoints import Checkpoints
     from airflow_spot.jobstate import AttemptRecord, JobState
-    from airflow_spot.operators.turn import Progress
+    from airflow_spot.operators.job import Progress
 
 
 # how an attempt that saved on its way out ended (a trainer saves on the notice and on SIGTERM)

@@ -61,3 +61,15 @@ class JobArgs:
         if steps >= MIN_STEPS_FOR_RATE and secs > 0:
             return secs / steps
         return self.expected_compute.total_seconds() * state.time_scale / total
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a look measured: steps done (checkpointed, or reported on on-demand), steps
+    reported, the rate and the changeover, all in market seconds."""
+
+    total: int
+    done_steps: int
+    reported: int
+    sps: float
+    changeover: float

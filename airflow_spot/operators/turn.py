@@ -23,7 +23,7 @@ from airflow_spot.jobstate import JobState
 from airflow_spot.operators.attempt import LiveAttempt
 from airflow_spot.operators.capacity import SpotCapacity
 from airflow_spot.operators.failure_reserve import failure_reserve_s
-from airflow_spot.operators.job import MIN_STEPS_FOR_RATE, JobArgs, TaskIdentity
+from airflow_spot.operators.job import MIN_STEPS_FOR_RATE, JobArgs, Progress, TaskIdentity
 from airflow_spot.operators.summary import Report
 from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
 from airflow_spot.policy.model import SpotView, observe
@@ -39,18 +39,6 @@ class StepResult:
     done: bool
     summary: dict[str, Any] | None = None
     wake_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What a look measured: steps done (checkpointed, or reported on on-demand), steps
-    reported, the rate and the changeover, all in market seconds."""
-
-    total: int
-    done_steps: int
-    reported: int
-    sps: float
-    changeover: float
 
 
 class Turn:

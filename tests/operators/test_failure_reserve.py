@@ -17,8 +17,8 @@ from airflow_spot.checkpoint.local import LocalStore
 from airflow_spot.jobstate import AttemptRecord, JobState
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.operators.failure_reserve import checkpoint_interval_s, saved_steps
+from airflow_spot.operators.job import Progress
 from airflow_spot.operators.spot_training import STATE_KEY
-from airflow_spot.operators.turn import Progress
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 
 # the example training, failing once (exit 3, on healthy capacity) on on-demand at the step
