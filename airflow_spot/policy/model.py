@@ -184,11 +184,21 @@ def _observation_builder():  # type: ignore[no-untyped-def]
         spot_source: str,
         overlap: bool,
     ) -> Observation:
-        o = new(Observation)
-        s0(o, now), s1(o, done_s), s2(o, capacity), s3(o, spot_available)
-        s4(o, changeover_left_s), s5(o, preemptions), s6(o, spot_age_s), s7(o, spot_down_s)
-        s8(o, last_up_s), s9(o, last_down_s), s10(o, spot_unseen_s), s11(o, spot_seen)
-        s12(o, spot_source), s13(o, overlap)
+        o = new(Observation)  # one statement per field: a tuple of calls costs ~5 % of a replay
+        s0(o, now)
+        s1(o, done_s)
+        s2(o, capacity)
+        s3(o, spot_available)
+        s4(o, changeover_left_s)
+        s5(o, preemptions)
+        s6(o, spot_age_s)
+        s7(o, spot_down_s)
+        s8(o, last_up_s)
+        s9(o, last_down_s)
+        s10(o, spot_unseen_s)
+        s11(o, spot_seen)
+        s12(o, spot_source)
+        s13(o, overlap)
         return o
 
     return observation

@@ -138,10 +138,11 @@ def _replay(
     only while held or asked for, requests and probes wait, and a return to spot is
     make-before-break unless ``observe="cluster-bbm"``.
 
-    One function on purpose: the loop keeps its state in local variables, and a call per
-    tick (a step of its own) would cost a sweep some 5 %; the steps it takes per segment, per
-    fast-forward or per change of spot's state are named (:mod:`.segments`,
-    :mod:`.fast_forward`, :class:`.SpotRuns`)."""
+    One function on purpose: the loop keeps its state in local variables, and every call per
+    tick costs a replay a few per cent; the steps it takes per segment, per fast-forward or
+    per change of spot's state are named (:mod:`.segments`, :mod:`.fast_forward`,
+    :class:`.SpotRuns`), and the changeover a tick pays is read from a table
+    (:func:`.ticks.changeover_steps`)."""
     gap = trace.gap_s
     avail = trace.available.tolist()
     n = len(avail)
@@ -176,7 +177,7 @@ def _replay(
         now = t * gap
         has = avail[t] if t < n else False
         seen = watching or cur is SPOT or looking != ""
-        if seen:  # runs.see(now, has, watched), inlined (a call costs a replay some 2 %)
+        if seen:  # runs.see(now, has, watched), inlined: a call costs a replay 1-2 %
             if has != runs.up:
                 if runs.up is not None and runs.since > 0:
                     last_run[runs.up] = (now if watched else runs.seen_at) - runs.since
@@ -296,7 +297,7 @@ def _replay(
             jump = False  # over changes of spot's state too (the policy's blind hint)
             on_demand = cur is OD and blind is not None
             if m > 0 or (on_demand and tlast > t):
-                k = steady(job, obs, decision)
+                k = steady(job, obs, decision)  # type: ignore[misc]  # (asked: not None)
                 if k > m and on_demand and blind(job, obs, decision):  # type: ignore[misc]
                     m, jump = tlast - t, True
             if k > 0 and m > 0:

@@ -161,7 +161,7 @@ def jumped(
         downs = downs_before(trace.available)
     down = add_ticks(down, gap, down_ticks(downs, t, t + m))
     after = bisect_right(changes, t + m, fi)
-    runs.changes([c * gap for c in changes[fi:after]])
+    runs.see_changes([c * gap for c in changes[fi:after]])
     return after, downs, down
 
 

@@ -15,28 +15,28 @@ class SpotRuns:
 
     __slots__ = ("up", "since", "last", "seen_at", "source")
 
-    def __init__(self, source: str = "") -> None:
+    def __init__(self) -> None:
         self.up: bool | None = None
         self.since = 0.0
         self.last: dict[bool, float | None] = {True: None, False: None}  # never replaced
         self.seen_at = 0.0
-        self.source = source
+        self.source = ""
 
     def see(self, now: float, up: bool, watched: bool = True) -> None:
         """Spot is ``up`` (or not) at ``now``; ``watched``: it was seen at the previous look
-        too (a change then happened since; else only the part seen counts). The replay's loop
-        does the same, inlined."""
+        too (a change then happened since; else only the part seen counts). The replay's
+        loop does the same inline."""
         if up != self.up:
             if self.up is not None and self.since > 0:
                 self.last[self.up] = (now if watched else self.seen_at) - self.since
             self.up, self.since = up, now
         self.seen_at = now
 
-    def changes(self, times: list[float]) -> None:
-        """Spot's state changed at each of ``times`` (in order; looks skipped over them, as
-        if every change was watched): as :meth:`see` at each, of which only the last two
-        leave the length of a run in :attr:`last`."""
-        if len(times) > 2:  # the runs before: their lengths are overwritten
+    def see_changes(self, times: list[float]) -> None:
+        """Spot's state changed at each of ``times`` (in order), looks skipped over them:
+        as :meth:`see` at each (every change watched), of which only the last two leave the
+        length of a run in :attr:`last` (the earlier runs' lengths are written over)."""
+        if len(times) > 2:  # straight to the run the last two changes end
             if len(times) % 2:
                 self.up = not self.up
             self.since = times[-3]
