@@ -6,7 +6,8 @@ no mocks. What a test of a DAG or of training code needs most is importable from
 * :func:`scripted_trace`, :data:`THREE_PREEMPTIONS_THEN_OUTAGE`: a spot market scripted tick by
   tick; :func:`train_command`: the bundled example training; :func:`modules_loaded`: what an
   import costs (:mod:`.fakes`);
-* :class:`MemoryStore`: an in-memory checkpoint store (:mod:`.memory`).
+* :class:`MemoryStore`: an in-memory checkpoint store (:mod:`.memory`); :class:`~.disks.FullDisk`:
+  a local store whose disk fills up on demand (the kernel's ENOSPC, :mod:`.disks`).
 
 Two more, imported by name (each starts servers or processes):
 

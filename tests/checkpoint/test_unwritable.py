@@ -16,26 +16,9 @@ from airflow_spot.checkpoint.checkpoints import Checkpoints
 from airflow_spot.checkpoint.local import LocalStore
 from airflow_spot.checkpoint.training import TrainingSession
 from airflow_spot.testing import train_command
+from airflow_spot.testing.disks import FullDisk
 
 REASON_FILE = "checkpoint-unwritable.json"  # beside the progress file (checkpoint.writable)
-
-
-class FillingDisk(LocalStore):
-    """A local folder whose disk fills up on demand: its writes then go to ``/dev/full``,
-    where the kernel fails every write with ENOSPC, as a full disk does."""
-
-    full = False
-
-    def put(self, key: str, data: bytes) -> None:
-        if self.full:
-            with open("/dev/full", "wb", buffering=0) as fh:
-                fh.write(data)
-        super().put(key, data)
-
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
-        if self.full:
-            self.put(key, Path(path).read_bytes())
-        super().put_file(key, path)
 
 
 def test_a_full_disk_stops_training_with_exit_73_and_says_why(tmp_path: Path) -> None:
@@ -48,7 +31,7 @@ def test_a_full_disk_stops_training_with_exit_73_and_says_why(tmp_path: Path) ->
         progress_file=str(tmp_path / "run" / "progress.json"),
     )
     (tmp_path / "run").mkdir()
-    disk = FillingDisk(tmp_path / "ckpt")
+    disk = FullDisk(tmp_path / "ckpt")
     session.checkpoints = Checkpoints(disk)
     session.step_done(10, lambda: {"w.bin": b"ten"})
     disk.full = True

@@ -11,18 +11,7 @@ from pathlib import Path
 from airflow_spot.checkpoint.local import LocalStore
 from airflow_spot.checkpoint.training import STORAGE_EXIT
 from airflow_spot.checkpoint.writable import REASON_FILE, probe, unwritable
-
-
-class FullDisk(LocalStore):
-    """A local folder whose writes go to ``/dev/full`` while ``full`` (the kernel's ENOSPC)."""
-
-    full = False
-
-    def put(self, key: str, data: bytes) -> None:
-        if self.full:
-            with open("/dev/full", "wb", buffering=0) as fh:
-                fh.write(data)
-        super().put(key, data)
+from airflow_spot.testing.disks import FullDisk
 
 
 def test_the_exit_and_the_reason_file_are_fixed_names() -> None:

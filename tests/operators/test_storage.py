@@ -20,21 +20,10 @@ from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
 from airflow_spot.operators.location import claim_key, restore_claim
 from airflow_spot.operators.storage import hold_back, saw_checkpoint, saw_progress
 from airflow_spot.policy import JobSpec
+from airflow_spot.testing.disks import FullDisk
 
 NOW = 1_000_000.0
 IDENT = TaskIdentity("dag", "train", "run")
-
-
-class FullDisk(LocalStore):
-    """A local folder whose writes go to ``/dev/full`` while ``full`` (the kernel's ENOSPC)."""
-
-    full = True
-
-    def put(self, key: str, data: bytes) -> None:
-        if self.full:
-            with open("/dev/full", "wb", buffering=0) as fh:
-                fh.write(data)
-        super().put(key, data)
 
 
 def _state(*outcomes: str, deadline_s: float = 3600.0) -> JobState:
@@ -59,7 +48,7 @@ def _saved(tmp_path: Path, step: int) -> Checkpoints:
 def test_no_launch_while_the_probe_fails_and_a_launch_once_it_passes(tmp_path: Path) -> None:
     """Full: held back, said once in the decision log with the error and the free space;
     room again: launched, and said."""
-    disk = FullDisk(tmp_path / "ckpt")
+    disk = FullDisk(tmp_path / "ckpt", full=True)
     st = _state("checkpoint_unwritable")
     assert hold_back(st, Checkpoints(disk), "/x/ckpt", _job(), None, NOW) is True
     assert hold_back(st, Checkpoints(disk), "/x/ckpt", _job(), None, NOW + 60) is True
@@ -79,7 +68,8 @@ def test_nothing_is_probed_after_an_attempt_that_could_write(tmp_path: Path) -> 
     for outcomes in ((), ("preempted",), ("checkpoint_unwritable", "app_failure")):
         st = _state(*outcomes)
         assert (
-            hold_back(st, Checkpoints(FullDisk(tmp_path / "c")), "/x", _job(), None, NOW) is False
+            hold_back(st, Checkpoints(FullDisk(tmp_path / "c", full=True)), "/x", _job(), None, NOW)
+            is False
         )
     assert not (tmp_path / "c").exists()  # not even a probe was written
 
@@ -88,7 +78,7 @@ def test_waiting_that_would_miss_the_deadline_fails_naming_the_location(tmp_path
     """600 s of work and a 30 s changeover, 640 s left, 60 s decisions: no time to wait."""
     st = _state("checkpoint_unwritable", deadline_s=700.0)
     with pytest.raises(ConfigError) as failed:
-        hold_back(st, Checkpoints(FullDisk(tmp_path / "ckpt")), "/x", _job(), None, NOW)
+        hold_back(st, Checkpoints(FullDisk(tmp_path / "ckpt", full=True)), "/x", _job(), None, NOW)
     assert failed.value.field == "checkpoint_uri"
     text = str(failed.value)
     assert (

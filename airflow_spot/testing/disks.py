@@ -1,0 +1,29 @@
+"""A local checkpoint store whose disk fills up on demand, for tests of what happens when a
+checkpoint location cannot be written: while ``full``, every write first goes to ``/dev/full``,
+where the kernel fails it with ENOSPC exactly as a full disk does (Linux)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow_spot.checkpoint.local import LocalStore
+
+
+class FullDisk(LocalStore):
+    """A :class:`LocalStore` that raises the kernel's own ENOSPC on every write while ``full``."""
+
+    def __init__(self, root: str | os.PathLike[str], full: bool = False) -> None:
+        super().__init__(root)
+        self.full = full
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.full:
+            with open("/dev/full", "wb", buffering=0) as fh:
+                fh.write(data)
+        super().put(key, data)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        if self.full:
+            self.put(key, Path(path).read_bytes())
+        super().put_file(key, path)
