@@ -153,6 +153,11 @@ class JobState:
     # the newest checkpoint step the job has seen (the trainer's reports, the location's
     # newest manifest): a location that later shows less lost checkpoints (the UI's progress)
     checkpoint_seen: int = 0
+    # the backend's settings and the job's arguments (``JobArgs.to_dict``) as the last try
+    # had them: what a process without the operator needs to stop the live attempt and report
+    # (the scheduler or api-server, when Airflow ended the task without operator code)
+    backend: dict[str, Any] | None = None
+    args: dict[str, Any] | None = None
 
     # -- persistence ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

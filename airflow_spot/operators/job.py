@@ -38,6 +38,25 @@ class JobArgs:
     poll_interval: float
     lease_s: float | None = None  # each attempt's lease (None: attempts hold none)
 
+    def to_dict(self) -> dict[str, object]:
+        """JSON values, durations in seconds, the command left out (it is the DAG's, and may
+        hold what the job state has no need of): what a process without the operator reads
+        back with :meth:`from_dict` to report on the job (see ``operators/unwatched.py``)."""
+        d: dict[str, object] = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            d[name] = v.total_seconds() if isinstance(v, timedelta) else v
+        d.pop("command")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> JobArgs:
+        durations = ("expected_compute", "changeover", "decision_interval")
+        values = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k in durations:
+            values[k] = timedelta(seconds=float(values[k]))  # type: ignore[arg-type]
+        return cls(command=(), **values)  # type: ignore[arg-type]
+
     @staticmethod
     def argv(command: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
         return tuple(shlex.split(command) if isinstance(command, str) else command or ())

@@ -203,14 +203,9 @@ class SpotTrainingOperator(BaseOperator):
         from airflow_spot.jobstate import JobState
 
         if raw and not raw.get("finished") and not raw.get("failed"):
-            state = JobState.from_dict(raw)
-            state.infra_base = state.infra_disruptions  # the limit is per try
-            state.try_started_at = time.time()
-            self.log.info(
-                "Resuming job state from try %s: %d attempts so far.",
-                context["ti"].try_number,
-                len(state.attempts),
-            )
+            from airflow_spot.operators.start import resumed_state
+
+            state = resumed_state(raw, context["ti"].try_number, time.time(), self.log)
         elif raw and raw.get("finished"):
             from airflow_spot.operators.start import finished_again
 
@@ -224,12 +219,12 @@ class SpotTrainingOperator(BaseOperator):
                 set_aside_failed_job(
                     store, STATE_KEY, JobState.from_dict(raw), self._backend(), self.log
                 )
-                state = self._new_state(time.time())
+                state = self._new_state(time.time(), store)
                 return self._run_turns(context, state, None, False)
             from airflow_spot.operators.location import claim_store
 
             claim_store(self.checkpoint_store(), context["ti"], self.checkpoint_uri, self)
-            state = self._new_state(time.time())
+            state = self._new_state(time.time(), store)
         return self._run_turns(context, state, None)
 
     def checkpoint_store(self) -> Any:
@@ -320,11 +315,12 @@ class SpotTrainingOperator(BaseOperator):
             stop_and_release(self._backend(), handle)
 
     # -- the loop ---------------------------------------------------------------------------
-    def _new_state(self, now: float) -> JobState:
-        """A new job's state, its deadline resolved now."""
+    def _new_state(self, now: float, store: Any) -> JobState:
+        """A new job's state, deadline resolved now, saved before any launch: the next try of a
+        runner killed after one adopts the attempt, its number and the job's clock kept."""
         from airflow_spot.operators.start import new_state
 
-        return new_state(
+        state = new_state(
             self._backend(),
             now,
             self._resolve_deadline(now),
@@ -334,6 +330,8 @@ class SpotTrainingOperator(BaseOperator):
             self.prices_given,
             self.log,
         )
+        store.set(STATE_KEY, state.to_dict())
+        return state
 
     def _backend(self) -> Backend:
         from airflow_spot.backends.local.backend import LocalBackend
@@ -444,6 +442,7 @@ class SpotTrainingOperator(BaseOperator):
             poll_interval=self.poll_interval,
             cooling=cooling,
             hold_until=now + min(MAX_HOLD_S, self.min_deferral.total_seconds() / 3),
+            issued_at=now,  # the times above are on this worker's clock: the trigger keeps to it
         )
 
 

@@ -1,5 +1,5 @@
-"""How a try begins when the task state holds no job to resume: a job finished already is
-reported again, one that failed for good is set aside, and a new one gets its state."""
+"""How a try begins: a job in progress is resumed, a job finished already is reported again, one
+that failed for good is set aside, and a new one gets its state."""
 
 from __future__ import annotations
 
@@ -31,6 +31,15 @@ def finished_again(raw: dict[str, Any], checkpoint_uri: str, log: Any) -> Any:
             "decisions_dropped": raw.get("decisions_dropped", 0),
         }
     )
+
+
+def resumed_state(raw: dict[str, Any], try_number: int, now: float, log: Any) -> JobState:
+    """The saved state of a job that a new try (``try_number``) resumes at ``now``."""
+    state = JobState.from_dict(raw)
+    state.infra_base = state.infra_disruptions  # the limit is per try
+    state.try_started_at = now
+    log.info("Resuming job state from try %s: %d attempts so far.", try_number, len(state.attempts))
+    return state
 
 
 def set_aside_failed_job(store: Any, key: str, old: JobState, backend: Backend, log: Any) -> None:

@@ -60,6 +60,8 @@ class Turn:
         self.capacity = SpotCapacity(backend, state)
         self.attempt = LiveAttempt(args, ident, backend, state, checkpoints, self.capacity)
         self.report = Report(args, ident, state)
+        # kept for a process without the operator (see operators/unwatched.py)
+        state.backend, state.args = backend.to_dict(), args.to_dict()
         # a deferred task resumes in a new process: its plans are kept on disk
         self.policy = get_policy(args.policy, plan_cache=plan_cache_dir())
 

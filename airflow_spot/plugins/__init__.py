@@ -1,9 +1,12 @@
 """The Airflow 3 plugin (entry point ``airflow.plugins``): the "Spot training" page, the
-per-task-instance timeline tab, and the app behind Airflow's authentication."""
+per-task-instance timeline tab, the app behind Airflow's authentication, and the listener that
+stops the attempt of a task instance Airflow ended without the operator (``listener.py``)."""
 
 from __future__ import annotations
 
 from airflow.sdk.plugins_manager import AirflowPlugin
+
+from airflow_spot.plugins import listener
 
 URL_PREFIX = "/spot-training"
 
@@ -30,6 +33,8 @@ class SpotTrainingPlugin(AirflowPlugin):
     instance tab "Spot timeline"."""
 
     name = "spot_training"
+    # stops the attempt of a task instance Airflow ended without the operator (issue 34, 2)
+    listeners = [listener]
     fastapi_apps = _BuiltOnFirstUse()
     external_views = [
         {

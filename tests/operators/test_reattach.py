@@ -136,3 +136,50 @@ def test_on_kill_leaves_no_process(tmp_path: Path, build) -> None:
     if pgid:
         with pytest.raises(ProcessLookupError):
             os.killpg(pgid, 0)
+
+
+def test_an_attempt_launched_before_the_first_state_save_is_adopted(tmp_path: Path, build) -> None:
+    """Issue 34, finding 5: try 1's task runner is SIGKILLed right after its first launch
+    returned (spec.json written, the turn's state save not reached). Try 2 adopts that attempt
+    as attempt 1: not cancelled and set aside as a leftover, its number not reused, and the
+    job's clock (and so its deadline) counts from try 1."""
+    root = str(tmp_path)
+    trace = str(scripted_trace(tmp_path / "market.json", [(True, 5000)]))
+    store_path = tmp_path / "state.json"
+    before = time.time()
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+        import os, signal, sys; sys.path.insert(0, {root!r})
+        from airflow_spot.backends.local.backend import LocalBackend
+        launch = LocalBackend.launch
+        def launch_then_die(self, *args, **kwargs):
+            launch(self, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)  # the task runner dies before saving a record
+        LocalBackend.launch = launch_then_die
+        from op_factory import build
+        from airflow_spot.testing import FileTaskStateStore, make_context
+        build({root!r}, {trace!r}, False).execute(make_context(FileTaskStateStore({str(store_path)!r})))
+    """),
+        ],
+        timeout=60,
+    )
+    assert worker.returncode == -signal.SIGKILL
+    first = tmp_path / "runs"
+    (spec,) = first.glob("**/attempt-001/spec.json")
+    time.sleep(0.5)
+    try2_at = time.time()
+    with pytest.raises(TaskDeferred):  # try 2
+        build(root, trace, True).execute(make_context(FileTaskStateStore(store_path), try_number=2))
+    st = FileTaskStateStore(store_path).get(STATE_KEY)
+    assert [a["attempt"] for a in st["attempts"]] == [1], st["attempts"]
+    assert st["attempts"][0]["handle"]["run_dir"] == str(spec.parent)
+    assert st["current"] == 0
+    assert not list(first.glob("**/*.leftover-*")), "the attempt was set aside, not adopted"
+    assert before <= st["started_at"] < try2_at  # the job's clock started with try 1
+    assert not read_status(AttemptHandle.from_dict(st["attempts"][0]["handle"])).terminal
+    assert len(_supervisors(tmp_path)) == 1
+    LocalBackend().cancel(AttemptHandle.from_dict(st["attempts"][0]["handle"]))
+    assert _supervisors(tmp_path) == []
