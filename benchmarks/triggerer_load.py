@@ -1,7 +1,7 @@
 """Triggerer load (issue 21, deliverable 5; issue 34): one event loop watching N deferred attempts.
 
     python benchmarks/triggerer_load.py [--attempts 200] [--capacity 1000] [--poll 1.0]
-        [--threads 8] [--seed 7] [--gc-freeze]
+        [--threads 8] [--seed 7]
 
 Two runs, one after the other (``--attempts 0`` or ``--capacity 0`` skips one):
 
@@ -35,9 +35,9 @@ asyncio loop, polls in its thread pool). What is measured:
   blocked event loop delays every trigger of the triggerer), split into the start (every
   trigger created and polled once) and after, with the garbage collector's pauses beside it:
   a full collection stops every thread for a time that grows with the heap, so this process
-  imports the triggerer's own modules too, to hold about the heap a triggerer holds.
-  ``--gc-freeze`` shows what ``gc.freeze()`` of that heap before the triggers start would
-  change (Airflow's dag-processor and executors freeze theirs; its 3.3 triggerer does not);
+  imports the triggerer's own modules too, to hold about the heap a triggerer holds. The
+  first trigger to run freezes that heap (``gc.freeze()``, see ``airflow_spot/triggers/base.py``:
+  without it, full collections held the loop 0.1-0.26 s with 1,000 triggers here);
 * the CPU of this process (the triggerer's share) while it watched.
 
 Each run ends with a line for a machine: ``triggerer: attempts=N p50_s=.. p99_s=..
@@ -144,6 +144,7 @@ async def start_triggers(args: argparse.Namespace, handles, backends, out: dict)
             spot_was=True,
             wake_at=time.time() + 3600,
             poll_interval=args.poll,
+            issued_at=time.time(),  # as the operator builds it (the worker's clock)
         )
         tasks.append(asyncio.create_task(watch(trig, out, i)))
         await asyncio.sleep(0)
@@ -162,9 +163,6 @@ async def watch_all(args: argparse.Namespace, handles, backends, timeout: float)
     loop = asyncio.get_running_loop()
     # the triggerer's own loop uses the default executor for to_thread; size it as Airflow's does
     loop.set_default_executor(ThreadPoolExecutor(max_workers=args.threads))
-    if args.gc_freeze:  # what-if: not what Airflow 3.3's triggerer does (its dag-processor does)
-        gc.collect()
-        gc.freeze()
     out: dict[int, tuple[float, dict]] = {}
     stop, lags, collections = asyncio.Event(), [], Collections()
     gc.callbacks.append(collections)
@@ -239,7 +237,7 @@ def report(args, n: int, handles, downs: list[float], seen: dict, tag: str = "")
         )
     print(
         f"triggerer: attempts={n} p50_s={p50:.2f} p99_s={p99:.2f} "
-        f"loop_blocked_max_s={max(lag):.3f}{tag}{' gc=frozen' if args.gc_freeze else ''}",
+        f"loop_blocked_max_s={max(lag):.3f}{tag}",
         flush=True,
     )
 
@@ -502,11 +500,6 @@ def main() -> int:
     ap.add_argument("--poll", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument(
-        "--gc-freeze",
-        action="store_true",
-        help="what-if: gc.freeze() the heap built so far before the triggers start",
-    )
     args = ap.parse_args()
     for run, n in ((supervisors_run, args.attempts), (capacity_run, args.capacity)):
         if n <= 0:

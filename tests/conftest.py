@@ -77,3 +77,14 @@ def _time_limit(request):
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_the_heap():
+    """A trigger run here froze the test process's heap (triggers/base.py's gc.freeze, meant for
+    a triggerer process): give it back to the collector after the test."""
+    yield
+    import gc
+
+    if gc.get_freeze_count():
+        gc.unfreeze()

@@ -318,3 +318,26 @@ def test_a_pool_in_cool_down_does_not_wake_the_operator_until_it_ends(tmp_path: 
     )
     path, kwargs = trig.serialize()
     assert kwargs["cooling"] == {"b": now + 1}
+
+
+def test_the_first_trigger_to_run_freezes_the_heap_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A triggerer process's first airflow-spot trigger freezes the heap built before it (its
+    full collections then stop the loop for far less: benchmarks/triggerer_load.py); later
+    triggers do not freeze again."""
+    import gc
+
+    from airflow_spot.triggers import base
+
+    frozen: list[int] = []
+    monkeypatch.setattr(base, "_heap_frozen", False)
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
+    market = _steady_market(tmp_path)
+    for _ in range(2):
+        _run_first(
+            LocalAttemptTrigger(
+                handle=None, market=market, spot_was=True, wake_at=time.time(), poll_interval=0.05
+            )
+        )
+    assert frozen == [1]
