@@ -32,3 +32,45 @@ def test_image_runs_as_non_root_and_ships_the_checkpoint_helper() -> None:
     text = (ROOT / "docker" / "Dockerfile").read_text()
     assert "COPY airflow_spot/checkpoint" in text
     assert "USER 1000:1000" in text
+
+
+def test_the_supervisor_units_restart_every_component_with_the_worker_settings() -> None:
+    """deploy/systemd (the README's supervisor example, issue 34 finding 9): one unit per
+    component, each restarted whenever it exits and never given up on (a PostgreSQL restart
+    stops the scheduler, dag-processor and triggerer), each running a real ``airflow``
+    subcommand; the environment file carries the worker settings that make an orchestration
+    outage of a few minutes cost no try, and the Celery config the provider ships."""
+    import configparser
+    import subprocess
+    import sys
+
+    units = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
+    names = {u.name for u in units}
+    assert {f"airflow-{c}.service" for c in ("scheduler", "dag-processor", "triggerer")} <= names
+    assert {"airflow-api-server.service", "airflow-celery-worker@.service"} <= names
+    for unit in units:
+        cfg = configparser.ConfigParser(strict=False, interpolation=None)
+        cfg.optionxform = str  # type: ignore[assignment,method-assign]
+        cfg.read(unit)
+        service = cfg["Service"]
+        assert service["Restart"] == "always", unit.name
+        assert cfg["Unit"]["StartLimitIntervalSec"] == "0", unit.name
+        assert service["EnvironmentFile"] == "/etc/airflow/airflow.env", unit.name
+        argv = service["ExecStart"].split()
+        assert argv[0].endswith("/bin/airflow"), unit.name
+        sub = [a for a in argv[1:3] if not a.startswith("-")]
+        helped = subprocess.run(
+            [sys.executable, "-m", "airflow", *sub, "--help"], capture_output=True, text=True
+        )
+        assert helped.returncode == 0, (unit.name, helped.stderr[-500:])
+        for flag in (a.split("=")[0] for a in argv if a.startswith("--")):
+            assert flag in helped.stdout, (unit.name, flag)
+    env = dict(
+        line.split("=", 1)
+        for line in (ROOT / "deploy" / "systemd" / "airflow.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    from airflow_spot.production import WORKER_SETTINGS
+
+    for key, value in WORKER_SETTINGS.items():
+        assert env.get(key) == str(value), key

@@ -51,6 +51,7 @@ PLACED: dict[str, tuple[str, str]] = {
     "durations": ("core", "parses durations (parse_hours), needs only exceptions"),
     "timeline": ("core", "draws a ledger summary with matplotlib, imports nothing of ours"),
     "bundled": ("core", "names the bundled trace files, standard library only"),
+    "production": ("core", "deployment settings; the Celery config built on first use"),
     "backends": ("backends", "the backends package __init__: re-exports backends.base"),
     "backends.base": ("backends", "the Backend protocol and attempt status every backend shares"),
     "backends.capacity": ("backends", "spot availability decided for the turn and the watcher"),

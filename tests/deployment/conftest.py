@@ -12,7 +12,8 @@ task logs from the shared ``AIRFLOW_HOME``).
 Reuse: override the ``deployment_dags`` fixture (``{file name: source}``) in a test module and
 ask for ``airflow_deployment``; for Celery, override ``deployment_executor`` (it returns
 ``CeleryExecutor`` and asks for ``redis_server``) and, for settings of its own,
-``deployment_celery_env``.
+``deployment_celery_env`` (every component) or ``deployment_worker_env`` (one worker's: its
+queue, its Task SDK settings).
 Without PostgreSQL the tests are skipped, and they fail with ``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1``
 (``.ci/run`` sets it when it installed PostgreSQL); without Redis a Celery deployment is skipped,
 and fails with ``AIRFLOW_SPOT_REQUIRE_CELERY=1`` (set when both are installed).
@@ -401,6 +402,7 @@ class AirflowDeployment:
         executor: str = "LocalExecutor",
         broker_url: str | None = None,
         celery_env: dict[str, str] | None = None,
+        worker_env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         if executor not in ("LocalExecutor", "CeleryExecutor"):
             raise ValueError(f"executor: LocalExecutor or CeleryExecutor, not {executor!r}")
@@ -409,6 +411,7 @@ class AirflowDeployment:
         self.executor = executor
         self.broker_url = broker_url
         self.celery_env = dict(celery_env or {})
+        self.worker_env = dict(worker_env or {})  # worker name -> its own settings
         self.root = root
         self.home = root / "airflow_home"
         self.dags_folder = root / "dags"
@@ -510,6 +513,7 @@ class AirflowDeployment:
             "AIRFLOW_SPOT_DEPLOYMENT_HOSTNAME": hostname,
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "spot_deployment_hostname.hostname",
             "PYTHONPATH": path,
+            **self.worker_env.get(name, {}),
         }
         return Component(name, argv, log, extra_env=extra)
 
@@ -721,6 +725,14 @@ def deployment_celery_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def deployment_worker_env() -> dict[str, dict[str, str]]:
+    """Settings of one Celery worker only (worker name -> ``AIRFLOW__...`` variables), on top
+    of the deployment's: ``AIRFLOW__OPERATORS__DEFAULT_QUEUE`` makes it serve that queue (the
+    default of ``airflow celery worker --queues``); none here."""
+    return {}
+
+
+@pytest.fixture(scope="module")
 def airflow_deployment(
     request: pytest.FixtureRequest,
     deployment_executor: str,  # first: a Celery module's skips before PostgreSQL starts
@@ -728,6 +740,7 @@ def airflow_deployment(
     deployment_root: Path,
     deployment_dags: dict[str, str],
     deployment_celery_env: dict[str, str],
+    deployment_worker_env: dict[str, dict[str, str]],
 ) -> Iterator[AirflowDeployment]:
     """A migrated database and the four components (and the Celery workers), all healthy;
     stopped after the module (a test may stop it earlier: stopping twice is harmless)."""
@@ -741,6 +754,7 @@ def airflow_deployment(
         executor=deployment_executor,
         broker_url=broker,
         celery_env=deployment_celery_env,
+        worker_env=deployment_worker_env,
     )
     dep.migrate()
     try:
