@@ -80,6 +80,10 @@ PLACED: dict[str, tuple[str, str]] = {
         "checkpoint",
         "the example training script runs inside the container: checkpoint/ and below only",
     ),
+    "examples.train_ddp": (
+        "checkpoint",
+        "the gang's example training script (each rank's container): checkpoint/ and JAX",
+    ),
 }
 
 

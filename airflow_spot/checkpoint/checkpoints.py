@@ -67,6 +67,7 @@ class Checkpoints:
         total_steps: int | None = None,
         metrics: dict[str, float] | None = None,
         extra: dict[str, Any] | None = None,
+        world_size: int = 1,
     ) -> Manifest:
         """Write ``files`` for ``step``, then the manifest; then apply retention. A file is
         bytes or the path of a local file (streamed: hashed, then uploaded in parts), which
@@ -100,7 +101,14 @@ class Checkpoints:
             if size != entries[name].size:
                 raise CheckpointError(f"{key}: {size} bytes stored of {entries[name].size} written")
         manifest = Manifest(
-            step, total_steps, now, entries, dict(metrics or {}), dict(extra or {}), tags
+            step,
+            total_steps,
+            now,
+            entries,
+            dict(metrics or {}),
+            dict(extra or {}),
+            tags,
+            world_size,
         )
         with writing(self.store):
             self.store.put(f"{base}/{MANIFEST}", manifest.to_json())

@@ -38,6 +38,9 @@ class Manifest:
     metrics: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)  # each file's store tag when written
+    # how many ranks trained it (a gang of N processes; 1 for one process): a resumed gang
+    # is bit-identical to an uninterrupted one only at the same world size
+    world_size: int = 1
 
     @property
     def name(self) -> str:
@@ -49,6 +52,8 @@ class Manifest:
 
     def to_json(self) -> bytes:
         d = asdict(self)
+        if d["world_size"] == 1:  # one process: written as before gangs (older readers, digests)
+            del d["world_size"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -63,6 +68,7 @@ class Manifest:
             d.get("metrics", {}),
             d.get("extra", {}),
             {str(k): str(v) for k, v in (d.get("tags") or {}).items()},
+            int(d.get("world_size") or 1),  # manifests written before gangs: one process
         )
 
 

@@ -18,6 +18,13 @@ The backend tells the training process where to checkpoint and how to hear about
 preemption through environment variables (names in :data:`ENV`). A SIGTERM or the notice
 file appearing makes the next ``step_done`` save immediately and exit.
 
+A gang of N processes (data-parallel ranks; ``RANK`` and ``WORLD_SIZE`` in the environment,
+as torchrun and the local backend set them) shares one location: only rank 0 writes (the
+checkpoint, then its manifest, which records the world size; the progress file); every rank
+reads the same checkpoint on resume. The ranks must stop at the same step, so a gang agrees on
+its stop first (any rank's :meth:`TrainingSession.notice`, all-reduced) and hands the agreed
+answer to ``step_done(..., stopping=...)``: see :mod:`airflow_spot.examples.train_ddp`.
+
 A save that the location refuses (full, read-only, permission denied) stops the process with
 :data:`STORAGE_EXIT`, after writing why (:data:`~.writable.REASON_FILE`) beside the progress
 file: the operator then waits for the location rather than counting an application failure.
@@ -99,9 +106,15 @@ class TrainingSession:
         annotations_file: str | None = None,
         hold_file: str | None = None,
         clock: Callable[[], float] = time.time,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         if total_steps < 1 or save_every < 1:
             raise ValueError("total_steps and save_every must be >= 1")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} of world size {world_size}: need 0 <= rank < size")
+        self.rank = rank
+        self.world_size = world_size
         self.checkpoints = Checkpoints(open_store(checkpoint_uri, training=True), keep=keep)
         self.total_steps = total_steps
         self.save_every = save_every
@@ -140,6 +153,8 @@ class TrainingSession:
             progress_file=os.environ.get(ENV["progress_file"]),
             annotations_file=os.environ.get(ENV["notice_annotations"]),
             hold_file=os.environ.get(ENV["hold"]),
+            rank=_env_int("RANK", 0),
+            world_size=_env_int("WORLD_SIZE", 1),
         )
         session.install_signal_handler()
         return session
@@ -224,20 +239,29 @@ class TrainingSession:
         state: Callable[[], Mapping[str, bytes | os.PathLike[str]]],
         *,
         metrics: dict[str, float] | None = None,
+        stopping: bool | None = None,
     ) -> Manifest | None:
         """Call after finishing ``step`` steps. Saves when due (``state()`` gives the files by
         name, as bytes or as paths of local files written for the purpose); exits after saving
-        on a notice."""
+        on a notice. ``stopping``: a gang's agreed answer to "stop now?" (None: this process's
+        own :meth:`notice`). Only rank 0 saves; every rank exits on a stop."""
         self.wait_for_release()  # a script that never resumed (a held one must not train yet)
         # progress is dated at the step's end, before any save: the operator measures the
         # rate from these dates, and a save made on a preemption notice is no training time
         done_at = self.clock()
-        stopping = self.notice()
+        if stopping is None:
+            stopping = self.notice()
         saved = None
-        if stopping or step % self.save_every == 0 or step >= self.total_steps:
+        due = stopping or step % self.save_every == 0 or step >= self.total_steps
+        if due and self.rank == 0:
             try:
                 saved = self.checkpoints.save(
-                    step, state(), now=done_at, total_steps=self.total_steps, metrics=metrics
+                    step,
+                    state(),
+                    now=done_at,
+                    total_steps=self.total_steps,
+                    metrics=metrics,
+                    world_size=self.world_size,
                 )
             except LocationUnwritable as e:
                 self._stop_unwritable(step, e)
@@ -246,8 +270,9 @@ class TrainingSession:
         self._report(step, metrics, done_at)
         if stopping and step < self.total_steps:
             log.warning(
-                "Preemption notice: checkpoint at step %d saved; exiting with %d.",
+                "Preemption notice: checkpoint at step %d saved%s; exiting with %d.",
                 step,
+                "" if self.rank == 0 else f" by rank 0 (this is rank {self.rank})",
                 PREEMPTED_EXIT,
             )
             sys.exit(PREEMPTED_EXIT)
@@ -272,7 +297,7 @@ class TrainingSession:
         sys.exit(STORAGE_EXIT)
 
     def _report(self, step: int, metrics: dict[str, float] | None, at: float) -> None:
-        if self.progress_file is None:
+        if self.progress_file is None or self.rank != 0:  # a gang reports once, through rank 0
             return
         doc = {
             "step": step,
@@ -290,6 +315,19 @@ class TrainingSession:
                     "Could not report progress to %s (%s); training on.", self.progress_file, e
                 )
             self.report_failed = True
+
+
+def _env_int(name: str, default: int) -> int:
+    """A whole number from the environment (``RANK``, ``WORLD_SIZE``); a bad one is a
+    configuration error (:data:`CONFIG_EXIT`): relaunching the gang cannot fix it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        log.error("%s=%r is not a whole number; stopping (exit %d)", name, raw, CONFIG_EXIT)
+        sys.exit(CONFIG_EXIT)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -3,7 +3,6 @@ spot capacity replayed from a real trace (see :mod:`.market`, :mod:`.supervisor`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -52,6 +51,8 @@ class LocalBackend:
         a cluster shows spot, only through the job's own spot attempt, its spot request and
         its probes, with make-before-break returns to spot (what a user gets on Kubernetes).
         ``"oracle"``: spot's true state at every look, break-before-make (the paper's replay).
+    :param nodes: ranks of a gang (:mod:`.gang`: RANK, WORLD_SIZE, MASTER_ADDR/PORT each);
+        N > 1 reads a count trace, up at count >= N; ``gang_seed`` draws which ranks it takes.
     """
 
     trace: str | None = None
@@ -65,6 +66,8 @@ class LocalBackend:
     pools: tuple[Pool, ...] = ()
     pool_cooldown_h: float = 1.0
     observe: str = "cluster"
+    nodes: int = 1
+    gang_seed: int = 0
 
     kind = "local"
     runs_on_worker = True
@@ -109,6 +112,9 @@ class LocalBackend:
             )
         if not isinstance(self.offset, int) or isinstance(self.offset, bool) or self.offset < 0:
             raise ConfigError("backend.offset", f"must be a tick index >= 0, got {self.offset!r}")
+        from airflow_spot.backends.local.gang import check_gang  # it imports the supervisor
+
+        check_gang(self.nodes, self.gang_seed)
 
     # -- configuration ----------------------------------------------------------------------
     def trace_path(self) -> str:
@@ -136,8 +142,9 @@ class LocalBackend:
                 self.pool_cooldown_h * 3600.0 / self.time_scale,
                 tuple(p.price_from for p in self.pools),
             )
+        gang = self.nodes if self.nodes > 1 else None  # a gang reads the trace's counts
         return MarketSpec(
-            self.trace_path(), self.polarity, None, self.time_scale, epoch, self.offset
+            self.trace_path(), self.polarity, gang, self.time_scale, epoch, self.offset
         )
 
     @staticmethod
@@ -168,6 +175,8 @@ class LocalBackend:
             "grace_s",
             "work_dir",
             "observe",
+            "nodes",
+            "gang_seed",
         )
         return cls(**{k: d[k] for k in known if k in d})
 
@@ -182,6 +191,8 @@ class LocalBackend:
             "grace_s": self.grace_s,
             "work_dir": self.work_dir,
             "observe": self.observe,
+            "nodes": self.nodes,
+            "gang_seed": self.gang_seed,
         }
 
     # -- attempts ---------------------------------------------------------------------------
@@ -236,6 +247,8 @@ class LocalBackend:
             "hold_file": str(run_dir / "GO") if hold else None,
             "lease_file": str(run_dir / "LEASE") if lease_until is not None else None,
             "market": market.to_dict(),
+            "nodes": self.nodes,
+            "gang_seed": self.gang_seed,
             # ours only: extra_env and env may hold secrets, which never go to disk (the
             # supervisor gets them in its environment, below, and hands them on)
             "env": {
@@ -354,10 +367,9 @@ class LocalBackend:
         while ours and _running(sup) and time.time() < until:
             time.sleep(0.05)  # let the supervisor exit after its verdict (its cmdline empties
             # before it has exited, so its state is what tells)
-        pgid = (_raw(handle) or {}).get("pgid")
-        if pgid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)  # belt and braces: nothing may survive a cancel
+        from airflow_spot.backends.local.gang import kill_groups  # as check_gang
+
+        kill_groups(_raw(handle) or {})  # belt and braces: nothing may survive a cancel
         return read_status(handle)
 
 
@@ -393,7 +405,8 @@ def _is_supervisor(pid: int, run_dir: str) -> bool:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"airflow_spot.backends.local.supervisor" in cmd and run_dir.encode() in cmd
+    mods = (b"airflow_spot.backends.local.supervisor", b"airflow_spot.backends.local.gang")
+    return any(m in cmd for m in mods) and run_dir.encode() in cmd
 
 
 def _running(pid: int) -> bool:

@@ -2,10 +2,13 @@
 
 ``time_scale`` trace seconds pass per wall second (3600: one trace hour per second). Tick
 ``offset`` of the trace starts at wall time ``epoch``. Past the trace's end it wraps around.
+A count trace (how many nodes could be had, ``nodes`` given) also answers "how many now?"
+(:meth:`ReplayMarket.count_at`): a gang is up when the count reaches ``nodes``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -41,6 +44,7 @@ class ReplayMarket:
         available: list[bool],
         gap_s: float,
         prices: list[float] | None = None,
+        counts: list[int] | None = None,
     ) -> None:
         if not available:
             raise ValueError("empty market trace")
@@ -48,6 +52,7 @@ class ReplayMarket:
         self.available = available
         self.gap_s = gap_s
         self.prices = prices
+        self.counts = counts  # nodes that could be had per tick (a count trace only)
 
     @classmethod
     def load(cls, spec: MarketSpec) -> ReplayMarket:
@@ -55,7 +60,11 @@ class ReplayMarket:
 
         t = load_trace(spec.trace, polarity=spec.polarity, nodes=spec.nodes)  # type: ignore[arg-type]
         prices = t.prices.tolist() if t.prices is not None else None
-        return cls(spec, t.available.tolist(), t.gap_s, prices)
+        counts = t.meta.get("counts") if spec.nodes is not None else None
+        if spec.nodes is not None and counts is None:
+            counts = _json_counts(spec.trace)
+        counts = None if counts is None else [int(c) for c in counts]
+        return cls(spec, t.available.tolist(), t.gap_s, prices, counts)
 
     @cached_property
     def tick_wall_s(self) -> float:
@@ -66,6 +75,14 @@ class ReplayMarket:
 
     def available_at(self, wall: float) -> bool:
         return self.available[self.tick_at(wall) % len(self.available)]
+
+    def count_at(self, wall: float) -> int:
+        """Nodes that could be had at wall time ``wall``: the trace's count, or for a 0/1
+        trace all of ``nodes`` (or 1) while up and none while down."""
+        k = self.tick_at(wall)
+        if self.counts is not None:
+            return self.counts[k % len(self.counts)]
+        return (self.spec.nodes or 1) if self.available[k % len(self.available)] else 0
 
     def spot_price_at(self, wall: float, default: float) -> float:
         if self.spec.spot_price is not None:
@@ -82,6 +99,14 @@ class ReplayMarket:
             if self.available[(k + j) % len(self.available)] != now:
                 return self.spec.epoch + (k + j - self.spec.offset) * self.tick_wall_s
         return math.inf
+
+
+def _json_counts(path: str) -> list[int] | None:
+    """A JSON count trace's counts (the trace loader has checked the file already)."""
+    if not path.endswith(".json"):
+        return None
+    with open(path) as fh:
+        return [int(c) for c in json.load(fh)["data"]]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
     python -m airflow_spot.backends.local.supervisor RUN_DIR
 
-Reads ``RUN_DIR/spec.json``, and writes ``RUN_DIR/status.json`` (atomically) as the attempt
+Reads ``RUN_DIR/spec.json`` (a gang of N ranks, ``nodes`` > 1, goes to :mod:`.gang`), and writes ``RUN_DIR/status.json`` (atomically) as the attempt
 moves ``waiting (spot down) -> launching (changeover) -> running -> ended``. It runs in a
 session of its own, so it outlives the Airflow worker that started it, and starts the
 training command in a process group of its own. The command's environment is the
@@ -200,11 +200,25 @@ class Supervisor:
     def _start_child(self) -> bool:
         """Start the training command; a command that cannot start is the application's
         failure (exit 127/126 as a shell gives), never the capacity's."""
-        env = {**os.environ, **self.spec.get("env", {})}
+        self.child = self._spawn({})
+        if self.child is None:
+            return False
+        self.publish(
+            state=State.RUNNING.value,
+            started_at=time.time(),
+            child_pid=self.child.pid,
+            pgid=self.child.pid,
+        )
+        return True
+
+    def _spawn(self, more_env: dict[str, str]) -> subprocess.Popen | None:
+        """Start the command in a process group of its own, with the spec's ``env`` and then
+        ``more_env`` (a gang rank's); None when it cannot start (the verdict is given)."""
+        env = {**os.environ, **self.spec.get("env", {}), **more_env}
         log = open(self.run_dir / "attempt.log", "ab")  # noqa: SIM115 - lives as long as the child
         cwd = self.spec.get("cwd") or None
         try:
-            self.child = subprocess.Popen(
+            return subprocess.Popen(
                 self.spec["command"],
                 env=env,
                 stdout=log,
@@ -227,14 +241,7 @@ class Supervisor:
             log.write(f"airflow-spot: {why}\n".encode())
             log.close()
             self.finish(Outcome.APP_FAILURE, why, exit_code=code)
-            return False
-        self.publish(
-            state=State.RUNNING.value,
-            started_at=time.time(),
-            child_pid=self.child.pid,
-            pgid=self.child.pid,
-        )
-        return True
+            return None
 
     def _watch(self) -> None:
         assert self.child is not None
@@ -357,6 +364,13 @@ def _clock(t: float | None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t else "?"
 
 
+def supervisor_module(run_dir: Path) -> str:
+    """The module that supervises the attempt in ``run_dir``: a gang's (``nodes`` > 1) is
+    :mod:`.gang`."""
+    nodes = json.loads((run_dir / "spec.json").read_text()).get("nodes") or 1
+    return f"airflow_spot.backends.local.{'gang' if int(nodes) > 1 else 'supervisor'}"
+
+
 def main(argv: list[str]) -> int:
     # what the supervisor writes in the attempt's folder is this user's only (0600); the
     # training command gets the umask it was started with (its checkpoints are the user's)
@@ -365,7 +379,7 @@ def main(argv: list[str]) -> int:
         # first stage: start the real supervisor in a new session and return at once (its
         # environment, which holds the backend's extra_env, is handed on: never written down)
         subprocess.Popen(
-            [sys.executable, "-m", "airflow_spot.backends.local.supervisor", argv[2]],
+            [sys.executable, "-m", supervisor_module(Path(argv[2])), argv[2]],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=open(Path(argv[2]) / "supervisor.log", "ab"),  # noqa: SIM115
