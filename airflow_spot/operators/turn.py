@@ -4,6 +4,7 @@ job's state and its checkpoints, never the operator itself."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -60,8 +61,9 @@ class Turn:
         self.capacity = SpotCapacity(backend, state)
         self.attempt = LiveAttempt(args, ident, backend, state, checkpoints, self.capacity)
         self.report = Report(args, ident, state)
-        # kept for a process without the operator (see operators/unwatched.py)
-        state.backend, state.args = backend.to_dict(), args.to_dict()
+        # kept for a process without the operator (see operators/unwatched.py), as JSON values
+        # (the task state store takes nothing else: a settings tuple becomes a list)
+        state.backend, state.args = json.loads(json.dumps([backend.to_dict(), args.to_dict()]))
         # a deferred task resumes in a new process: its plans are kept on disk
         self.policy = get_policy(args.policy, plan_cache=plan_cache_dir())
 

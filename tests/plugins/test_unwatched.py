@@ -162,3 +162,39 @@ def test_the_plugin_registers_the_listener() -> None:
 
     assert listener in SpotTrainingPlugin.listeners
     assert sys.modules["airflow_spot.plugins.listener"] is listener
+
+
+def test_the_settings_kept_for_the_listener_are_json_values(tmp_path: Path) -> None:
+    """The task state store takes JSON values only (Airflow's SetTaskStateStore refuses a
+    tuple): a Kubernetes backend's settings (tuples) are kept as lists, and load back."""
+    from pydantic import JsonValue, TypeAdapter
+
+    from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+    from airflow_spot.backends.registry import load_backend
+    from airflow_spot.checkpoint.checkpoints import Checkpoints
+    from airflow_spot.checkpoint.local import LocalStore
+    from airflow_spot.jobstate import JobState
+    from airflow_spot.operators.job import JobArgs
+    from airflow_spot.operators.turn import Turn
+
+    backend = KubernetesBackend(image="img", namespace="ns", env_from_secrets=("creds",))
+    args = JobArgs(
+        ("python", "train.py"),
+        "s3://b/p",
+        timedelta(hours=1),
+        100,
+        timedelta(minutes=1),
+        "greedy",
+        0.9,
+        3.0,
+        None,
+        "fallback",
+        3,
+        timedelta(minutes=1),
+        5.0,
+    )
+    state = JobState(started_at=0.0, deadline_at=7200.0)
+    Turn(args, IDENT, backend, state, Checkpoints.watching(LocalStore(str(tmp_path))))
+    TypeAdapter(JsonValue).validate_python(state.to_dict())
+    assert load_backend(state.backend).to_dict() == backend.to_dict()
+    assert JobArgs.from_dict(state.args) == JobArgs(**{**args.__dict__, "command": ()})
