@@ -44,6 +44,10 @@ FLAGS = {
     "policy": "--policy",
     "probe_hold_s": "--probe-hold",
     "observe": "--observe",
+    "acquire": "--acquire",
+    "acquire_s": "--acquire",
+    "acquire_median": "--acquire-median",
+    "kind": "TRACE_OR_DIR",
 }
 
 
@@ -75,7 +79,33 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--polarity", choices=["available", "unavailable"], help="what 1 means in JSON 0/1 traces"
     )
-    sim.add_argument("--nodes", type=int, help="cluster size for instance-count traces")
+    sim.add_argument(
+        "--nodes",
+        type=int,
+        help="the gang's size, for instance-count traces: up when the count reaches it; every "
+        "node billed, a partial gang's wait for capacity billed for the nodes it held",
+    )
+    sim.add_argument(
+        "--acquire",
+        type=_hours_arg("--acquire"),
+        help="time to get the gang's on-demand nodes (e.g. 20m): fixed, or the p95 of a "
+        "log-normal draw with --acquire-median; the safety net keeps it in its margin",
+    )
+    sim.add_argument(
+        "--acquire-median",
+        type=_hours_arg("--acquire-median"),
+        help="draw the acquisition time per tick (log-normal with this median, --acquire as p95)",
+    )
+    sim.add_argument(
+        "--atomic",
+        action="store_true",
+        help="gang provisioning is all-or-nothing (no partial gang held while a request waits)",
+    )
+    sim.add_argument(
+        "--capacity-check",
+        action="store_true",
+        help="probe with a free capacity check (no placeholder nodes billed)",
+    )
     sim.add_argument("--gap", type=_hours_arg("--gap"), help="resample to this tick (e.g. 600s)")
     sim.add_argument(
         "--work",
@@ -158,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from airflow_spot.simulate.counts import check_kinds
     from airflow_spot.simulate.report import format_table, plot_costs
     from airflow_spot.simulate.sweep import Setting, random_windows, summarise, sweep
     from airflow_spot.simulate.traces import load_traces
@@ -167,6 +198,7 @@ def _simulate(args: argparse.Namespace) -> int:
     gap_s = args.gap * 3600 if args.gap else None
     # timestamped CSVs are binned at --gap directly; tick files are resampled by a whole factor
     traces = load_traces(args.traces, polarity=args.polarity, nodes=args.nodes, gap_s=gap_s)
+    check_kinds(traces)
     if gap_s:
         try:
             traces = [t.resample(gap_s) if abs(t.gap_s - gap_s) > 1e-9 else t for t in traces]
@@ -222,8 +254,9 @@ def _simulate(args: argparse.Namespace) -> int:
             )
     on_demand = _on_demand_price(args, traces)
     policies = args.policy or ["greedy", "uniform_progress", "deadline_aware", "omniscient"]
+    gang, nodes, margin = _gang(args, traces[0].gap_s)
     settings = [
-        Setting(args.work, dl, co, args.spot_price, on_demand)
+        Setting(args.work, dl, co, args.spot_price, on_demand, nodes, margin)
         for dl in (args.deadline or [60.0])
         for co in (args.changeover or [0.2])
     ]
@@ -244,6 +277,7 @@ def _simulate(args: argparse.Namespace) -> int:
         probe_hold_s=None if args.probe_hold is None else args.probe_hold * 3600.0,
         workers=args.workers,
         progress=progress,
+        gang=gang,
     )
     elapsed = time.perf_counter() - t0
     print(format_table(summarise(rows)))
@@ -258,6 +292,25 @@ def _simulate(args: argparse.Namespace) -> int:
         plot_costs(summarise(rows), args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+def _gang(args: argparse.Namespace, gap_s: float) -> tuple:
+    """The gang's market side, its size and the acquisition margin the safety net keeps
+    (``(None, 1, 0.0)``: no gang, today's replay)."""
+    from airflow_spot.simulate.gang import Acquire, Gang
+
+    nodes = args.nodes or 1
+    if args.acquire_median is not None and args.acquire is None:
+        raise ConfigError("--acquire-median", "needs --acquire (the p95 of the draw)")
+    acquire = None
+    if args.acquire:
+        median = None if args.acquire_median is None else args.acquire_median * 3600.0
+        acquire = Acquire(args.acquire * 3600.0, median, seed=args.seed)
+    if nodes == 1 and acquire is None and not (args.atomic or args.capacity_check):
+        return None, 1, 0.0
+    gang = Gang(partial=not args.atomic, probe="check" if args.capacity_check else "placeholders",
+                acquire=acquire)  # fmt: skip
+    return gang, nodes, 0.0 if acquire is None else acquire.margin_s(gap_s)
 
 
 def _on_demand_price(args: argparse.Namespace, traces: list) -> float:

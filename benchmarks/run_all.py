@@ -15,6 +15,7 @@ SCRIPTS = [
     "paper_gap.py",
     "crosscheck.py",
     "multi_zone.py",
+    "gang_grid.py",
     "import_cost.py",
     "checkpoint_io.py",
     "bad_inputs.py",

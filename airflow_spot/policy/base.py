@@ -3,7 +3,8 @@
 A policy is an object with ``decide(job, obs) -> Decision``. Every registered policy is
 wrapped by one safety net (:func:`safety_net`) that keeps the deadline reachable whenever it
 still is: once the whole remaining work plus one changeover (plus the job's reserve for
-application failures, :attr:`JobSpec.failure_reserve_s`) no longer fits in the whole decision
+application failures, :attr:`JobSpec.failure_reserve_s`, and, for a gang, the time to acquire
+its on-demand nodes, :attr:`JobSpec.acquire_s`) no longer fits in the whole decision
 intervals left before the deadline, the job goes to on-demand (a spot instance that is
 already running past its changeover may finish the interval: its progress counts even if it
 is reclaimed at the next look).
@@ -34,11 +35,19 @@ def ticks_left(job: JobSpec, obs: Observation) -> int:
 
 def ticks_needed(job: JobSpec, obs: Observation, changeovers: int = 1) -> int:
     """Decision intervals the remaining work needs on on-demand, with ``changeovers`` launches
-    and the reserve for application failures (:attr:`JobSpec.failure_reserve_s`; with none,
-    the sum is the one it always was: adding 0.0 changes no float)."""
+    the reserve for application failures (:attr:`JobSpec.failure_reserve_s`) and the gang's
+    on-demand acquisition margin (:attr:`JobSpec.acquire_s`; with neither, the sum is the one
+    it always was: adding 0.0 changes no float)."""
     remaining = job.work_s - obs.done_s
-    need = remaining + changeovers * job.changeover_s + job.failure_reserve_s
+    need = remaining + changeovers * job.changeover_s + kept_s(job)
     return math.ceil(need / job.tick_s)
+
+
+def kept_s(job: JobSpec) -> float:
+    """The seconds the safety net keeps beyond the work and the changeover: the reserve for
+    application failures plus the gang's on-demand acquisition margin (``r + 0.0`` is ``r``:
+    a job with no gang keeps what it always kept, to the last bit)."""
+    return job.failure_reserve_s + job.acquire_s
 
 
 def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
@@ -46,7 +55,7 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     if choice.capacity is Capacity.ON_DEMAND:
         return choice
     # ticks_needed(job, obs) < ticks_left(job, obs), inlined: a replay asks this at every look
-    tick, now, done, kept = job.tick_s, obs.now, obs.done_s, job.failure_reserve_s
+    tick, now, done, kept = job.tick_s, obs.now, obs.done_s, job.failure_reserve_s + job.acquire_s
     if math.ceil((job.work_s - done + job.changeover_s + kept) / tick) < math.floor(
         (job.deadline_s - now) / tick
     ):
@@ -59,7 +68,11 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
         return choice  # a running spot instance's next interval of progress is certain
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
     if kept > 0.0:  # the slack may be hours: say what it is kept for
-        return Decision(Capacity.ON_DEMAND, "safety_reserve", (slack_h, kept / HOUR))
+        if job.failure_reserve_s > 0.0:
+            return Decision(
+                Capacity.ON_DEMAND, "safety_reserve", (slack_h, job.failure_reserve_s / HOUR)
+            )
+        return Decision(Capacity.ON_DEMAND, "safety_acquire", (slack_h, job.acquire_s / HOUR))
     return Decision(Capacity.ON_DEMAND, "safety", (slack_h,))
 
 
@@ -180,6 +193,7 @@ def _exact_job(job: JobSpec) -> bool:
                 job.changeover_s,
                 job.tick_s,
                 job.failure_reserve_s,
+                job.acquire_s,
             )
         )
         _last_job = (job, answer)  # one assignment: a thread never sees half of it

@@ -54,7 +54,7 @@ STAY_SPOT = Decision(Capacity.SPOT, "stay_spot")
 DEFAULT_PREEMPTION_BUDGET = 3
 # the rules of an on-demand decision taken because the deadline is at risk (the baselines' own
 # and the safety net's, with or without a reserve for application failures)
-SAFETY = frozenset({"safety", "safety_reserve"})
+SAFETY = frozenset({"safety", "safety_reserve", "safety_acquire"})
 
 
 def _wait(job: JobSpec, obs: Observation) -> Decision:
@@ -238,10 +238,10 @@ class LastAttemptOnDemand(Policy):
 
 def _slack_gone(job: JobSpec, obs: Observation) -> bool:
     """``ticks_needed(job, obs, 2) >= ticks_left(job, obs)``: the work plus two changeovers
-    (and the reserve for application failures) no longer fits in the intervals left (inlined:
+    (and the reserve for application failures, and a gang's acquisition margin) no longer fits in the intervals left (inlined:
     a replay asks at every look)."""
     tick = job.tick_s
-    need = job.work_s - obs.done_s + 2 * job.changeover_s + job.failure_reserve_s
+    need = job.work_s - obs.done_s + 2 * job.changeover_s + job.failure_reserve_s + job.acquire_s
     return math.ceil(need / tick) >= math.floor((job.deadline_s - obs.now) / tick)
 
 

@@ -40,6 +40,11 @@ class JobSpec:
     :param failure_reserve_s: seconds the safety net keeps in hand for the application
         failures the job may still have (each loses the work since the last checkpoint and
         pays a changeover); the live operator measures it, a replay has none (0).
+    :param nodes: the gang's size: every node is billed, on spot and on-demand, at the
+        per-node prices above (the policy decides as for one node: only the bill scales).
+    :param acquire_s: seconds it may take to get ``nodes`` on-demand nodes (measured, or
+        given: the p95 of the pool's acquisition time); the safety net keeps it in its margin
+        on top of the changeover. 0 for one node, where on-demand comes at once.
     """
 
     work_s: float
@@ -49,7 +54,9 @@ class JobSpec:
     on_demand_price: float = REFERENCE_ON_DEMAND_PRICE
     tick_s: float = 600.0
     max_preemptions: int | None = None
-    failure_reserve_s: float = 0.0  # last: positional construction stays as it was
+    failure_reserve_s: float = 0.0
+    nodes: int = 1  # the gang's fields last: positional construction stays as it was
+    acquire_s: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("work_s", self.work_s, "the compute time the job needs, e.g. 48 h = 172800")
@@ -68,24 +75,42 @@ class JobSpec:
         r = self.failure_reserve_s
         if not (finite_number(r) and r >= 0):
             raise InvalidJobSpec("failure_reserve_s", f"must be >= 0 seconds, got {r!r}")
+        _gang(self.nodes, self.acquire_s)
         if self.deadline_s < self.work_s:
             raise InvalidJobSpec(
                 "deadline_s",
                 f"the deadline ({self.deadline_s / HOUR:.2f} h) is before the work could end "
                 f"({self.work_s / HOUR:.2f} h of compute); move the deadline later or cut the work",
             )
-        need = self.work_s + self.changeover_s
+        need = self.work_s + self.changeover_s + self.acquire_s
         if need > self.deadline_s:
+            acquire = (
+                f" + {self.acquire_s / HOUR:.2f} h to acquire {self.nodes} on-demand nodes"
+                if self.acquire_s
+                else ""
+            )
             raise InfeasibleDeadline(
                 "deadline_s",
                 f"infeasible: {self.work_s / HOUR:.2f} h of work + {self.changeover_s / HOUR:.2f} h "
-                f"changeover = {need / HOUR:.2f} h > deadline {self.deadline_s / HOUR:.2f} h even all "
-                "on-demand; move the deadline later or cut the work",
+                f"changeover{acquire} = {need / HOUR:.2f} h > deadline "
+                f"{self.deadline_s / HOUR:.2f} h even all on-demand; move the deadline later or cut "
+                "the work",
             )
 
     @property
     def slack_s(self) -> float:
         return self.deadline_s - self.work_s
+
+
+def _gang(nodes: object, acquire_s: object) -> None:
+    """A gang's size and on-demand acquisition margin, each named with its fix."""
+    if not (isinstance(nodes, numbers.Integral) and not isinstance(nodes, bool) and nodes >= 1):
+        raise InvalidJobSpec("nodes", f"must be a whole number of nodes >= 1, got {nodes!r}")
+    if not (finite_number(acquire_s) and acquire_s >= 0):  # type: ignore[operator]
+        raise InvalidJobSpec(
+            "acquire_s",
+            f"must be >= 0 seconds (the time to get the gang's on-demand nodes), got {acquire_s!r}",
+        )
 
 
 def _positive(name: str, value: float, what: str) -> None:
@@ -291,6 +316,7 @@ REASONS: dict[str, str] = {
     "budget_spent": "{0} preemptions spent the budget of {1}: on-demand for the rest",
     "spot_ask": "spot unseen ({0}): ask for it (the request waits unbilled if spot is down)",
     "safety": "slack {0:.2f} h would not cover a changeover and the next look: on-demand to meet the deadline",
+    "safety_acquire": "slack {0:.2f} h would not cover a changeover, the next look and the {1:.2f} h to acquire the gang's on-demand nodes: on-demand to meet the deadline",
     "safety_reserve": "slack {0:.2f} h would not cover a changeover, the next look and the {1:.2f} h kept for application failures: on-demand to meet the deadline",
 }
 REASONS.update(

@@ -47,6 +47,10 @@ ledger and all, is the same as with every look taken). On on-demand, a policy wh
 :meth:`~airflow_spot.policy.Policy.blind` says its decision reads nothing of spot lets an
 oracle replay jump over spot's changes too.
 
+A gang (``job.nodes`` > 1, or a :class:`~.gang.Gang` given) bills every node and adds the
+gang's own costs (:mod:`.gang`: a partial gang's wait, the on-demand acquisition); with
+neither, the replay is the one-node replay to the last bit.
+
 ``keep_ledger=False`` (what a sweep asks): the figures are summed segment by segment as they
 close, in the order a ledger would hold them, and no ledger is kept.
 """
@@ -61,6 +65,7 @@ from airflow_spot.policy import Capacity, Decision, JobSpec, Observation, Policy
 from airflow_spot.policy.base import EPS
 from airflow_spot.policy.model import observation
 from airflow_spot.simulate.fast_forward import advance, jumped, plan
+from airflow_spot.simulate.gang import Gang, GangRun, Waste, gang_run, launch_steps, od_launch_s
 from airflow_spot.simulate.result import RunResult, result
 from airflow_spot.simulate.segments import SegmentBuilder, finish, sink
 from airflow_spot.simulate.spot_runs import SpotRuns
@@ -102,6 +107,7 @@ def replay(
     probe_hold_s: float | None = None,
     fast: bool | None = None,
     keep_ledger: bool = True,
+    gang: Gang | None = None,
 ) -> RunResult:
     """Replay ``policy`` on ``trace`` for ``job``; ticks are the trace's ``gap_s``.
 
@@ -111,15 +117,18 @@ def replay(
     use is billed (default: the job's changeover). ``fast``: fast-forward steady stretches
     where the policy offers a hint (default :data:`FAST`; off, every look is taken).
     ``keep_ledger=False``: the result's figures without its ledger (``ledger`` is ``None``;
-    the figures are the same to the last bit), as a sweep, which reads only rows, asks."""
+    the figures are the same to the last bit), as a sweep, which reads only rows, asks.
+    ``gang``: a gang's market side (:class:`~.gang.Gang`; its size is ``job.nodes``)."""
     check_replay_options(observe, probe_hold_s)
     check_tick(job, trace.gap_s)
     steady = getattr(policy, "steady", None) if (FAST if fast is None else fast) else None
     # the blind hint (jump over spot's changes on on-demand) where every look sees spot
     blind = getattr(policy, "blind", None) if steady is not None and observe == "oracle" else None
+    grun = gang_run(trace, job.nodes, gang)
     return _replay(
-        policy, trace, job, observe, use_trace_prices, probe_hold_s, steady, blind, keep_ledger
-    )
+        policy, trace, job, observe, use_trace_prices, probe_hold_s, steady, blind, keep_ledger,
+        grun,
+    )  # fmt: skip
 
 
 def _replay(
@@ -132,6 +141,7 @@ def _replay(
     steady: Hint | None,
     blind: Callable[[JobSpec, Observation, Decision], bool] | None,
     keep_ledger: bool,
+    grun: GangRun | None = None,
 ) -> RunResult:
     """The replay's loop, one look per tick, for every observation model. ``watching`` (the
     oracle): every look sees spot and a decision takes effect at once; otherwise spot is seen
@@ -155,6 +165,14 @@ def _replay(
     watching = observe == "oracle"  # every look sees spot (and a launch is granted at once)
     make_before_break = observe == "cluster"
     ledger, totals, add = sink(job, keep_ledger)
+    waste = None  # a gang's partial holds (None: one node, today's replay)
+    if grun is not None:  # every node billed; on-demand launches may wait for their nodes
+        nodes = grun.nodes
+        od_price, spot_price = od_price * nodes, spot_price * nodes
+        if spot_prices:
+            spot_prices = [p * nodes for p in spot_prices]
+        steps = launch_steps(gap, d, grun.acquire)
+        waste = Waste(add, grun, job.spot_price, gap)
     seg = SegmentBuilder(add, totals=totals)
     ovl = SegmentBuilder(add, overlap=True, totals=totals)
     tick = seg.tick
@@ -176,6 +194,8 @@ def _replay(
     while True:
         now = t * gap
         has = avail[t] if t < n else False
+        if waste is not None and (looking == "request" or (looking and not grun.free_probe)):
+            waste.ticks(t - 1, t, done)  # [t-1, t): a partial gang held what there was
         seen = watching or cur is SPOT or looking != ""
         if seen:  # runs.see(now, has, watched), inlined: a call costs a replay 1-2 %
             if has != runs.up:
@@ -239,7 +259,7 @@ def _replay(
             else:
                 ask = steady is not None and cur is NONE and req is SPOT  # a launch from idle
                 if req is not NONE:
-                    rro = d
+                    rro = d if req is SPOT or grun is None else od_launch_s(d, grun, t, gap)
                 if cur is not NONE:
                     seg.close("switched")
                 cur = req
@@ -256,7 +276,7 @@ def _replay(
                 else:  # waits for capacity: on-demand, if held, trains on
                     looking = "request"
             elif req is not SPOT:
-                if found:
+                if found and not (grun is not None and grun.free_probe and looked == "probe"):
                     price = spot_prices[min(t, n - 1)] if spot_prices else spot_price
                     add(Segment(SPOT, Phase.PROBE, now, now + hold, done, done, price))
                 if req is not cur:
@@ -269,7 +289,7 @@ def _replay(
                             ovl.close("cancelled")
                             overlap = False
                         if req is not NONE:
-                            rro = d
+                            rro = d if req is SPOT or grun is None else od_launch_s(d, grun, t, gap)
                         if cur is not NONE:
                             seg.close("switched")
                         cur = req
@@ -277,6 +297,8 @@ def _replay(
                     looking = "probe" if cur is OD else "request"
                     if looking == "probe" and (looked != "probe" or found):
                         probes += 1
+            if looking and grun is not None and grun.free_probe:
+                looking = "probe"  # a gang with a free capacity check waits on checks: no holds
             # as the oracle's, and only with no return launching, spot seen (or not) alike at
             # the next look, and no request or probe waiting that would find spot at once
             ask = (
@@ -308,6 +330,12 @@ def _replay(
                     seen and not has and not jump, od_price if cur is OD else spot_price,
                     rro, steps, whole,
                 )  # fmt: skip
+                if (
+                    waste is not None
+                    and m > 0
+                    and (looking == "request" or (looking and not grun.free_probe))
+                ):
+                    waste.ticks(t, t + m, done)  # the skipped looks' waits
                 if jump and m > 0:
                     fi, downs, down = jumped(runs, changes, fi, downs, trace, t, m, gap, down)
                     has = avail[t + m] if t + m < n else False  # spot in the last tick skipped
@@ -319,7 +347,10 @@ def _replay(
             down += gap
         watched = seen
         t += 1
+    if waste is not None:
+        waste.close()
     finish(ledger, totals, t * gap if met else None, probes)
     return result(
-        trace, policy, job, ledger, totals, met, t * gap, work_on, preemptions, observe, overlap_s
-    )
+        trace, policy, job, ledger, totals, met, t * gap, work_on, preemptions, observe, overlap_s,
+        waste,
+    )  # fmt: skip

@@ -8,6 +8,12 @@ work)`` so that it is exact; only the band of progress from which the deadline i
 reachable is kept. Every schedule it considers is one the replay could run: a launch pays
 the changeover at the new capacity's price, spot runs only in intervals where it is up, and
 the job is done at the first boundary where all the work is.
+
+A gang (:mod:`.gang`) on its polarized trace: every node billed (``job.nodes`` times a
+node's prices), and, given ``acquire`` (whole ticks an on-demand launch at each tick waits
+for its nodes, billed), states for an on-demand launch still acquiring; a launch of
+on-demand then comes from idle or spot only (the replay cannot relaunch what it holds). A
+partial gang never forms: the optimum never waits on a request.
 """
 
 from __future__ import annotations
@@ -25,12 +31,16 @@ MAX_BYTES = 4 * 2**30
 
 
 def omniscient_costs(
-    available: np.ndarray, job: JobSpec, spot_prices: np.ndarray | None = None
+    available: np.ndarray,
+    job: JobSpec,
+    spot_prices: np.ndarray | None = None,
+    acquire: np.ndarray | None = None,
 ) -> np.ndarray:
     """Minimum cost per window. ``available``: (windows, ticks) bool, True = spot up.
 
     ``spot_prices`` (same shape, per hour) overrides ``job.spot_price`` tick by tick.
-    Ticks past the end of a window count as spot down.
+    Ticks past the end of a window count as spot down. ``acquire`` (same shape, whole ticks):
+    how long an on-demand launch at each tick waits for its nodes (none past the end).
     """
     avail = np.asarray(available, dtype=bool)
     if avail.ndim == 1:
@@ -53,6 +63,13 @@ def omniscient_costs(
         spot_tick = (
             np.pad(sp, ((0, 0), (0, max(0, t_max - sp.shape[1]))), mode="edge") * gap / 3600.0
         )
+    if job.nodes != 1:  # every node of the gang billed
+        od_tick, spot_tick = od_tick * job.nodes, spot_tick * job.nodes
+    acq = None
+    if acquire is not None:
+        acq = np.zeros((n_win, t_max + 1), dtype=np.int64)
+        a = np.asarray(acquire, dtype=np.int64).reshape(n_win, -1)[:, : t_max + 1]
+        acq[:, : a.shape[1]] = a
 
     def fresh_units(j: int) -> int:  # progress in the (j+1)-th interval of a launch
         return (max((j + 1) * gap - d, 0) - max(j * gap - d, 0)) // unit
@@ -68,7 +85,10 @@ def omniscient_costs(
             f"({gap} s), changeover ({d} s) and work ({work} s) share only a {unit} s unit; "
             "round the changeover and work to whole minutes"
         )
-    n_states = 1 + 2 * j_cap  # 0 idle; 1..J spot after j intervals; J+1..2J on-demand
+    n_acq = 0 if acq is None else int(acq.max())
+    # 0 idle; 1..J spot after j intervals; J+1..2J on-demand; then on-demand acquiring, with
+    # 0..n_acq-1 intervals of acquisition still to come
+    n_states = 1 + 2 * j_cap + n_acq
     lo, hi = band(0)
     value = np.full((n_win, n_states, hi - lo + 1), INF)
     value[:, 0, 0] = 0.0
@@ -81,7 +101,10 @@ def omniscient_costs(
         nxt = np.full((n_win, n_states, hi1 - lo1 + 1), INF)
         nxt[:, 0] = _shift(any_state, 0, lo, lo1, hi1)
         launch = _shift(any_state, fresh_units(0), lo, lo1, hi1)
-        nxt[:, j_cap + 1] = launch + od_tick
+        if acq is None:
+            nxt[:, j_cap + 1] = launch + od_tick
+        else:
+            _acquiring(value, nxt, acq[:, t], j_cap, n_acq, od_tick, fresh_units(0), lo, lo1, hi1)
         nxt[:, 1] = np.where(up, launch + sp_cost, INF)
         for j in range(1, j_cap + 1):
             k = min(j + 1, j_cap)
@@ -97,6 +120,40 @@ def omniscient_costs(
             col[:] = INF
         value, lo, hi = np.minimum(nxt, INF), lo1, hi1
     return best
+
+
+def _acquiring(
+    value: np.ndarray,
+    nxt: np.ndarray,
+    a_t: np.ndarray,
+    j_cap: int,
+    n_acq: int,
+    od_tick: float,
+    w0: int,
+    lo: int,
+    lo1: int,
+    hi1: int,
+) -> None:
+    """On-demand launches for a gang whose nodes take ``a_t`` ticks to come (per window): from
+    idle or spot only, into the first on-demand state (none to wait) or the acquiring state
+    with ``a_t - 1`` intervals still to come; an acquisition runs down to the launch's first
+    interval of changeover."""
+    base = 1 + 2 * j_cap
+    src = value[:, : j_cap + 1].min(axis=1)  # idle or spot: not relaunching on-demand
+    start = _shift(src, w0, lo, lo1, hi1) + od_tick
+    wait = _shift(src, 0, lo, lo1, hi1) + od_tick
+    now = a_t == 0
+    nxt[:, j_cap + 1] = np.where(now[:, None], start, INF)
+    if n_acq:
+        ended = _shift(value[:, base], w0, lo, lo1, hi1) + od_tick  # acquired: changeover
+        nxt[:, j_cap + 1] = np.minimum(nxt[:, j_cap + 1], ended)
+        for m in range(n_acq):  # m intervals still to come after this one
+            cont = (
+                _shift(value[:, base + m + 1], 0, lo, lo1, hi1) + od_tick
+                if m + 1 < n_acq
+                else np.full_like(wait, INF)
+            )
+            nxt[:, base + m] = np.minimum(np.where((a_t - 1 == m)[:, None], wait, INF), cont)
 
 
 def _shift(src: np.ndarray, w: int, lo: int, lo1: int, hi1: int) -> np.ndarray:

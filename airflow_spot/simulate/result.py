@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from airflow_spot.ledger import Ledger
 from airflow_spot.policy import JobSpec, Policy
 from airflow_spot.policy.model import HOUR
 from airflow_spot.simulate.segments import Totals
 from airflow_spot.simulate.traces import Trace
+
+if TYPE_CHECKING:
+    from airflow_spot.simulate.gang import Waste
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +37,9 @@ class RunResult:
     probes: int = 0  # probes asked (spot requests are not counted)
     probe_cost: float = 0.0  # capacity found by a request or probe and not used
     overlap_hours: float = 0.0  # on-demand training on while a spot return launched
+    nodes: int = 1  # a gang's size (every figure above bills every node)
+    partial_node_hours: float | None = None  # a gang's: nodes held while its request waited
+    partial_cost: float = 0.0  # what they cost (in probe_cost too: the ledger's probe phase)
 
     @property
     def normalized_cost(self) -> float:
@@ -57,6 +64,16 @@ class RunResult:
             "probes": self.probes,
             "probe_cost": round(self.probe_cost, 6),
             "overlap_hours": round(self.overlap_hours, 6),
+        } | self._gang_row()
+
+    def _gang_row(self) -> dict:
+        """A gang's own figures (none for a one-node replay: its rows stay as they were)."""
+        if self.partial_node_hours is None:
+            return {}
+        return {
+            "nodes": self.nodes,
+            "partial_node_hours": round(self.partial_node_hours, 6),
+            "partial_cost": round(self.partial_cost, 6),
         }
 
 
@@ -72,6 +89,7 @@ def result(
     preemptions: int,
     observe: str,
     overlap_s: float,
+    waste: Waste | None = None,
 ) -> RunResult:
     """The figures of one replay, from its ledger or its totals (both observation models)."""
     if ledger is not None:  # one pass over the segments, summed as Ledger's properties sum
@@ -93,10 +111,13 @@ def result(
         on_demand_work_hours=work_on[1] / 3600.0,
         preemptions=preemptions,
         finished_h=end_s / 3600.0,
-        on_demand_cost=job.work_s / HOUR * job.on_demand_price,
+        on_demand_cost=job.work_s / HOUR * job.on_demand_price * job.nodes,
         ledger=ledger,
         observe=observe,
         probes=totals.probes,
         probe_cost=totals.probe_cost,
         overlap_hours=overlap_s / 3600.0,
+        nodes=job.nodes,
+        partial_node_hours=None if waste is None else waste.node_s / 3600.0,
+        partial_cost=0.0 if waste is None else waste.cost,
     )

@@ -2,7 +2,8 @@
 
 Online policies are replayed window by window with :func:`~.engine.replay` (the very code
 the operator runs); the omniscient optimum is solved for all windows of a setting at once.
-Work is spread over processes (one per core by default).
+Work is spread over processes (one per core by default). A gang (:attr:`Setting.nodes` > 1,
+or a :class:`~.gang.Gang` given) bills every node and its own costs in both.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from airflow_spot.exceptions import UnknownPolicy
 from airflow_spot.policy import HOUR, JobSpec, get_policy
 from airflow_spot.simulate.engine import check_replay_options, replay
+from airflow_spot.simulate.gang import Gang
 from airflow_spot.simulate.omniscient import omniscient_costs
 from airflow_spot.simulate.traces import Trace
 
@@ -33,6 +35,8 @@ class Setting:
     changeover_h: float
     spot_price: float
     on_demand_price: float
+    nodes: int = 1  # a gang's size: every node billed
+    acquire_s: float = 0.0  # the on-demand acquisition margin the safety net keeps
 
     def job(self, tick_s: float) -> JobSpec:
         return JobSpec(
@@ -42,6 +46,8 @@ class Setting:
             spot_price=self.spot_price,
             on_demand_price=self.on_demand_price,
             tick_s=tick_s,
+            nodes=self.nodes,
+            acquire_s=self.acquire_s,
         )
 
 
@@ -55,7 +61,7 @@ def random_windows(trace: Trace, count: int, length: int, seed: int = 0) -> list
 
 
 def _run_online(args: tuple) -> list[dict]:
-    policy_name, traces, setting, use_prices, observe, hold = args
+    policy_name, traces, setting, use_prices, observe, hold, gang = args
     policy = get_policy(policy_name)
     job = setting.job(traces[0].gap_s)
     rows = [
@@ -67,6 +73,7 @@ def _run_online(args: tuple) -> list[dict]:
             observe=observe,
             probe_hold_s=hold,
             keep_ledger=False,
+            gang=gang,
         ).row()
         for tr in traces
     ]
@@ -76,7 +83,7 @@ def _run_online(args: tuple) -> list[dict]:
 
 
 def _run_omniscient(args: tuple) -> list[dict]:
-    _, traces, setting, use_prices, _observe, _hold = args
+    _, traces, setting, use_prices, _observe, _hold, gang = args
     job = setting.job(traces[0].gap_s)
     length = max(len(t) for t in traces)
     avail = np.zeros((len(traces), length), dtype=bool)
@@ -85,8 +92,13 @@ def _run_omniscient(args: tuple) -> list[dict]:
     prices = None
     if use_prices and all(t.prices is not None for t in traces):
         prices = np.stack([np.pad(t.prices, (0, length - len(t)), mode="edge") for t in traces])
-    costs = omniscient_costs(avail, job, prices)
-    od_cost = setting.work_h * setting.on_demand_price
+    acquire = None
+    if gang is not None and gang.acquire is not None and gang.acquire.p95_s > 0:
+        acquire = np.zeros((len(traces), length), dtype=np.int64)
+        for i, t in enumerate(traces):
+            acquire[i, : len(t)] = gang.acquire.ticks(t.name, len(t), t.gap_s)
+    costs = omniscient_costs(avail, job, prices, acquire)
+    od_cost = setting.work_h * setting.on_demand_price * setting.nodes
     return [
         {
             "trace": t.name,
@@ -114,10 +126,12 @@ def sweep(
     workers: int | None = None,
     chunk: int = 150,
     progress: Callable[[int, int], None] | None = None,
+    gang: Gang | None = None,
 ) -> list[dict]:
     """One row per trace, policy, setting and observation model (see :meth:`RunResult.row`;
     ``observe``: one model or several, each online policy replayed under each; the omniscient
-    optimum sees everything and is solved once)."""
+    optimum sees everything and is solved once). ``gang``: a gang's market side (its size is
+    each setting's ``nodes``)."""
     models = [observe] if isinstance(observe, str) else list(observe)
     for m in models:
         check_replay_options(m, probe_hold_s)
@@ -141,14 +155,17 @@ def sweep(
         for name in policies:
             if name == OMNISCIENT:
                 tasks += [
-                    (_run_omniscient, (name, traces[i : i + 300], s, use_trace_prices, None, None))
+                    (
+                        _run_omniscient,
+                        (name, traces[i : i + 300], s, use_trace_prices, None, None, gang),
+                    )
                     for i in range(0, len(traces), 300)
                 ]
             else:
                 tasks += [
                     (
                         _run_online,
-                        (name, traces[i : i + chunk], s, use_trace_prices, m, probe_hold_s),
+                        (name, traces[i : i + chunk], s, use_trace_prices, m, probe_hold_s, gang),
                     )
                     for m in models
                     for i in range(0, len(traces), chunk)

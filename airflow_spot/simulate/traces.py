@@ -6,8 +6,9 @@ was up for the whole tick, plus an optional spot price per tick. Formats:
 * JSON ``{"metadata": {"gap_seconds": G}, "data": [...], "prices": [...]?}`` with 0/1 values
   in either polarity (``available``: 1 = spot up; ``unavailable``: 1 = spot down). The file
   does not say which, so the caller must.
-* JSON with instance counts (multi-node): the cluster is up only when the count equals
-  ``nodes``, which the caller must give.
+* JSON with instance counts (multi-node): the cluster is up only when the count reaches
+  ``nodes``, which the caller must give; the counts stay in ``meta["counts"]`` (a gang's
+  costs read them: :mod:`.gang`; :mod:`.counts` loads them tagged with their kind).
 * CSV ``date,availability`` with one timestamped probe per row (availability polarity). It is
   resampled onto ticks of ``gap_s``: a tick is up only if every probe inside it was up (a
   preemption anywhere in the tick interrupts the job). A sibling ``spot_prices.json`` keyed by
@@ -58,6 +59,7 @@ class Trace:
                 f"window [{start}, {start + length}) outside trace of {len(self)} ticks"
             )
         prices = None if self.prices is None else self.prices[start : start + length]
+        counts = self.meta.get("counts")  # a count trace's window keeps its counts
         return Trace(
             name=name or f"{self.name}[{start}:{start + length}]",
             gap_s=self.gap_s,
@@ -65,6 +67,7 @@ class Trace:
             prices=prices,
             on_demand_price=self.on_demand_price,
             source=self.source,
+            **({} if counts is None else {"meta": {"counts": counts[start : start + length]}}),
         )
 
     def resample(self, gap_s: float) -> Trace:
@@ -78,9 +81,10 @@ class Trace:
         n = len(self) // k
         avail = np.asarray(self.available[: n * k].reshape(n, k).all(axis=1), dtype=bool)
         prices = None if self.prices is None else self.prices[: n * k].reshape(n, k).mean(axis=1)
-        return Trace(
-            self.name, gap_s, avail, prices, self.on_demand_price, self.source, dict(self.meta)
-        )
+        meta = dict(self.meta)
+        if meta.get("counts") is not None:  # the fewest instances inside the new tick
+            meta["counts"] = np.asarray(meta["counts"])[: n * k].reshape(n, k).min(axis=1)
+        return Trace(self.name, gap_s, avail, prices, self.on_demand_price, self.source, meta)
 
 
 def load_trace(
@@ -201,8 +205,10 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
             "(0/1 flags or instance counts)",
         )
     top = int(data.max())
+    own: dict = {"polarity": polarity}  # the Trace's meta (``meta`` is the file's)
     if top > 1 or nodes is not None:
         avail = _counts_to_available(p, data, nodes, polarity)
+        own["counts"] = data.astype(np.int64)
     else:
         if polarity is None:
             raise TraceFormatError(
@@ -222,7 +228,7 @@ def _load_json(p: Path, polarity: Polarity | None, nodes: int | None) -> Trace:
                 "trace", f"{p.name}: metadata.price_info.on_demand_price must be a positive number"
             )
         od = float(od)
-    return Trace(p.stem, float(gap), avail.astype(bool), prices, od, str(p), {"polarity": polarity})
+    return Trace(p.stem, float(gap), avail.astype(bool), prices, od, str(p), own)
 
 
 def _counts_to_available(
@@ -243,7 +249,7 @@ def _counts_to_available(
         raise TraceFormatError(
             "nodes",
             f"{p.name} holds instance counts up to {int(data.max())}; pass nodes=N "
-            "(the cluster size the job needs; it is up only when the count equals N)",
+            "(the cluster size the job needs; it is up only when the count reaches N)",
         )
     if nodes < 1:
         raise TraceFormatError("nodes", f"must be at least 1, got {nodes}")

@@ -1,0 +1,84 @@
+"""A gang's fields of the job (:attr:`JobSpec.nodes`, :attr:`JobSpec.acquire_s`): checked
+with their fix named, and the shared safety net keeps the on-demand acquisition margin (and
+keeps what it always kept without one)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from airflow_spot.exceptions import InfeasibleDeadline, InvalidJobSpec
+from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
+from airflow_spot.policy.base import kept_s, safety_net, ticks_needed
+
+TICK = 300.0
+JOB = JobSpec(10 * HOUR, 14 * HOUR, 720.0, tick_s=TICK)
+
+
+def test_the_gang_fields_default_to_one_node_and_are_checked() -> None:
+    assert (JOB.nodes, JOB.acquire_s) == (1, 0.0)
+    assert JobSpec(10 * HOUR, 14 * HOUR, 720.0, 0.9, 3.0, TICK, None, 0.0, 4, 1200.0).nodes == 4
+    for bad in (0, -1, 1.5, True, "4"):
+        with pytest.raises(InvalidJobSpec) as e:
+            replace(JOB, nodes=bad)  # type: ignore[arg-type]
+        assert e.value.field == "nodes"
+    for bad in (-1.0, float("nan"), float("inf"), None):
+        with pytest.raises(InvalidJobSpec) as e:
+            replace(JOB, acquire_s=bad)  # type: ignore[arg-type]
+        assert e.value.field == "acquire_s"
+    with pytest.raises(InfeasibleDeadline, match="to acquire 4 on-demand nodes"):
+        JobSpec(10 * HOUR, 10.3 * HOUR, 720.0, nodes=4, acquire_s=1200.0)
+
+
+def test_without_a_margin_the_net_keeps_what_it_always_kept() -> None:
+    for r in (0.0, 1234.5, 2 * HOUR):
+        job = replace(JOB, failure_reserve_s=r)
+        assert kept_s(job) == r  # bit for bit: r + 0.0
+        obs = Observation(now=3 * HOUR, done_s=1.5 * HOUR)
+        need = job.work_s - obs.done_s + 2 * job.changeover_s + r
+        assert ticks_needed(job, obs, 2) == -(-need // TICK)
+
+
+@pytest.mark.parametrize("margin_ticks", [1, 4, 12])
+def test_the_net_goes_on_demand_the_margin_earlier(margin_ticks: int) -> None:
+    """The last look the net lets spot wait moves earlier by exactly the margin."""
+    wait = Decision(Capacity.NONE, "spot_down_wait", (0.0,), look=True)
+
+    def last_wait(job: JobSpec) -> float:
+        t = 0.0
+        while True:
+            obs = Observation(now=t + TICK, done_s=0.0, spot_available=False)
+            if safety_net(job, obs, wait).capacity is Capacity.ON_DEMAND:
+                return t
+            t += TICK
+
+    gang = replace(JOB, nodes=4, acquire_s=margin_ticks * TICK)
+    assert last_wait(JOB) - last_wait(gang) == margin_ticks * TICK
+    late = Observation(now=last_wait(gang) + TICK, done_s=0.0, spot_available=False)
+    d = safety_net(gang, late, wait)
+    assert (
+        d.rule == "safety_acquire" and f"{margin_ticks * TICK / HOUR:.2f} h to acquire" in d.reason
+    )
+    # a reserve for application failures is named first; both are kept
+    both = replace(gang, failure_reserve_s=600.0)
+    assert safety_net(both, late, wait).rule == "safety_reserve"
+    assert kept_s(both) == 600.0 + margin_ticks * TICK
+
+
+def test_every_policy_meets_the_deadline_with_the_margin_kept() -> None:
+    """Spot never up; on-demand takes the margin to come: every policy still finishes."""
+    import numpy as np
+
+    from airflow_spot.simulate.engine import replay
+    from airflow_spot.simulate.gang import Acquire, Gang
+    from airflow_spot.simulate.traces import Trace
+
+    dead = Trace("dead", TICK, np.zeros(200, dtype=bool))
+    job = replace(JOB, nodes=4, acquire_s=6 * TICK)
+    for name in ("greedy", "uniform_progress", "deadline_aware", "slack_reserve"):
+        for observe in ("oracle", "cluster"):
+            r = replay(
+                get_policy(name), dead, job, observe=observe, gang=Gang(acquire=Acquire(6 * TICK))
+            )
+            assert r.met, (name, observe)
