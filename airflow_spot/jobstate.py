@@ -98,6 +98,7 @@ class AttemptRecord:
     last_step_at: float | None = None
     ready_at: float | None = None  # a make-before-break spot attempt was ready to take over
     handed_to: int | None = None  # this on-demand attempt trained on until attempt N took over
+    ranks: list[dict[str, Any]] | None = None  # a gang's ranks: each one's outcome and exit
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttemptRecord:
@@ -153,9 +154,8 @@ class JobState:
     # the newest checkpoint step the job has seen (the trainer's reports, the location's
     # newest manifest): a location that later shows less lost checkpoints (the UI's progress)
     checkpoint_seen: int = 0
-    # the backend's settings and the job's arguments (``JobArgs.to_dict``) as the last try
-    # had them: what a process without the operator needs to stop the live attempt and report
-    # (the scheduler or api-server, when Airflow ended the task without operator code)
+    # the backend's settings and the job's arguments (JobArgs.to_dict) as the last try had them:
+    # what the scheduler or api-server needs to stop and report a job (operators/unwatched.py)
     backend: dict[str, Any] | None = None
     args: dict[str, Any] | None = None
 
@@ -321,11 +321,16 @@ class JobState:
 
     # -- the ledger -------------------------------------------------------------------------
     def ledger(
-        self, now: float, seconds_per_step: float, on_demand_price: float, work_s: float
+        self,
+        now: float,
+        seconds_per_step: float,
+        on_demand_price: float,
+        work_s: float,
+        nodes: int = 1,
     ) -> Ledger:
         """Segments of the job so far: idle gaps, waits, changeovers and runs of each attempt,
-        each piece billed at the price that applied then (a spot pool's price may change)."""
-        led = Ledger(work_s, self.deadline_s, on_demand_price)
+        each piece billed at the price that applied then, per node of the gang (``p * 1``: p)."""
+        led = Ledger(work_s, self.deadline_s, on_demand_price * nodes)
         cursor = 0.0
         for a in self.attempts:
             cap = Capacity(a.capacity)
@@ -338,7 +343,8 @@ class JobState:
                 t_grant = t_launch if t_start is not None else t_end
             ended = a.outcome or ""
             p0 = a.step_start * seconds_per_step
-            schedule = [(self.market_s(w), p) for w, p in a.prices] or [(t_launch, a.price)]
+            prices = a.prices or [[a.launched_at, a.price]]
+            schedule = [(self.market_s(w), p * nodes) for w, p in prices]
             if t_launch > cursor:
                 led.add(Segment(Capacity.NONE, Phase.IDLE, cursor, t_launch, p0, p0))
             overlaps = t_launch < cursor - 1e-9  # launched while another attempt trained on

@@ -172,7 +172,9 @@ def test_a_broker_outage_fails_a_default_publish_but_times_out_a_shipped_one(
     error the executor sends again (up to task_publish_max_retries times)."""
     pytest.importorskip("airflow.providers.celery")
     probes = {
-        "default": _publish(tmp_path, "default", {}),
+        # Airflow's defaults, but 10 s to time out in: kombu's OperationalError comes in about
+        # 0.7 s, before the default 1 s, on an idle machine; a loaded one (CI) may be slower
+        "default": _publish(tmp_path, "default", {"AIRFLOW__CELERY__OPERATION_TIMEOUT": "10"}),
         "shipped": _publish(tmp_path, "shipped", production.BROKER_SETTINGS),
     }
     seen = {}
@@ -181,6 +183,6 @@ def test_a_broker_outage_fails_a_default_publish_but_times_out_a_shipped_one(
         assert proc.returncode == 0, (name, out)
         seen[name] = json.loads(out.strip().splitlines()[-1])
     assert seen["default"]["error"] == "OperationalError", seen
-    assert seen["default"]["s"] < production.OPERATION_TIMEOUT_S, seen
+    assert seen["default"]["s"] < 10, seen
     assert seen["shipped"]["error"] == "AirflowTaskTimeout", seen
     assert seen["shipped"]["s"] >= production.OPERATION_TIMEOUT_S - 0.1, seen

@@ -258,6 +258,14 @@ class HandsOver(Protocol):
 
 
 @runtime_checkable
+class RunsGangs(Protocol):
+    """A backend that launches an attempt as a gang of ``nodes`` ranks (optional: the local
+    backend's ``nodes=N``), launched, stopped and judged together; without it, one process."""
+
+    nodes: int
+
+
+@runtime_checkable
 class SeesSpot(Protocol):
     """A backend that shows spot capacity beyond the job's own attempts (optional): what the
     cluster says (:meth:`spot_signals`) and probes that ask it (Kubernetes)."""

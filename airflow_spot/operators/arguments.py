@@ -9,6 +9,7 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
+from airflow_spot.backends.base import RunsGangs
 from airflow_spot.checkpoint.stores import validate_uri
 from airflow_spot.durations import parse_hours
 from airflow_spot.exceptions import ConfigError, finite_number
@@ -37,6 +38,8 @@ ARGUMENTS = (
     "min_deferral",
     "lease",
     "aws_conn_id",
+    "nodes",
+    "on_demand_acquire",
 )
 REQUIRED = {
     "command": "give the training command, e.g. ['python', 'train.py'] or 'python train.py'",
@@ -71,6 +74,7 @@ def check_arguments(values: dict[str, Any], *, partial: bool = False) -> None:
     _check_work(v)
     _check_budgets(v)
     _check_timing(v)
+    _check_gang(v)
     if "backend" in v:
         _check_backend(v["backend"])
         _check_location_reach(v["backend"], values.get("checkpoint_uri"))
@@ -135,6 +139,32 @@ def _check_budgets(v: dict[str, Any]) -> None:
                 name,
                 f"must be a price per hour {'> 0' if name == 'on_demand_price' else '>= 0'}, got {price!r}",
             )
+
+
+def _check_gang(v: dict[str, Any]) -> None:
+    """A gang's size (agreeing with the backend's) and its on-demand acquisition time."""
+    n, backend = v.get("nodes"), v.get("backend")
+    if n is not None and (not _integer(n) or n < 1):
+        raise ConfigError("nodes", f"must be an integer >= 1 (the gang's ranks), got {n!r}")
+    has = backend.nodes if isinstance(backend, RunsGangs) else 1 if backend == "local" else None
+    if n is not None and n > 1 and backend is not None and has is None:
+        raise ConfigError(
+            "nodes",
+            f"{n}: the {type(backend).__name__} runs one process per attempt; run gangs on "
+            f"LocalBackend(nodes={n}) (Kubernetes gangs come next), or leave nodes out",
+        )
+    if n is not None and has is not None and has != n:
+        raise ConfigError(
+            "nodes",
+            f"{n}, but the backend runs {has} ranks per attempt; make them agree (give "
+            f"LocalBackend(nodes={n}), or leave the operator's nodes out)",
+        )
+    acquire = v.get("on_demand_acquire")
+    if "on_demand_acquire" in v and (not isinstance(acquire, timedelta) or acquire < timedelta(0)):
+        raise ConfigError(
+            "on_demand_acquire",
+            f"must be a timedelta >= 0 (how long the gang's on-demand nodes may take), got {acquire!r}",
+        )
 
 
 def _check_timing(v: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from airflow_spot.backends.base import (
@@ -48,6 +49,8 @@ class LiveAttempt:
         self.state = state
         self.checkpoints = checkpoints
         self.capacity = capacity
+        # called right before each launch (the operator saves the job's state there)
+        self.before_launch: Callable[[], None] = lambda: None
 
     # -- looking ----------------------------------------------------------------------------
     def refresh(self, now: float) -> AttemptRecord | None:
@@ -217,6 +220,9 @@ class LiveAttempt:
         rec.outcome = status.outcome.value if status.outcome else Outcome.INFRA_DISRUPTION.value
         rec.reason = status.reason
         rec.exit_code = status.exit_code
+        ranks = status.evidence.get("ranks")  # a gang's: each rank's end, for the ledger and UI
+        if isinstance(ranks, list):
+            rec.ranks = [{k: r.get(k) for k in ("rank", "outcome", "exit_code")} for r in ranks]
         if rec.outcome == Outcome.APP_FAILURE.value and rec.exit_code == STORAGE_EXIT:
             rec.outcome = Outcome.CHECKPOINT_UNWRITABLE.value  # a backend that does not know 73
         latest = self.checkpoints.latest_manifest()
@@ -321,6 +327,7 @@ class LiveAttempt:
             if self.capacity.priced():
                 pool = self.capacity.choose_pool(now, job.spot_price)
                 price = self.capacity.pool_price(pool, now, job.spot_price)
+        self.before_launch()  # the state as it is now, kept before anything runs
         launch: Any = self.backend.launch  # ``hold`` only where the backend HandsOver
         lease_s = self.args.lease_s if isinstance(self.backend, Leases) else None
         lease = {"lease_until": now + lease_s} if lease_s else {}
@@ -338,15 +345,8 @@ class LiveAttempt:
         )
         if lease:  # renewed by every look (backends.base.look), the trigger's included
             handle.lease_s, handle.lease_until = lease_s, lease["lease_until"]
-        rec = AttemptRecord(
-            n,
-            capacity.value,
-            handle,
-            now,
-            step_start=latest.step if latest else 0,
-            price=price,
-            pool=pool,
-        )
+        step = latest.step if latest else 0
+        rec = AttemptRecord(n, capacity.value, handle, now, step_start=step, price=price, pool=pool)
         if capacity is Capacity.SPOT:
             rec.prices.append([now, price])
         st.attempts.append(rec)

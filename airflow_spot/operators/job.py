@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # the task's identity travels down to the backends, so it is defined there (a public name here)
 from airflow_spot.backends.base import TaskIdentity as TaskIdentity
@@ -37,6 +37,32 @@ class JobArgs:
     decision_interval: timedelta
     poll_interval: float
     lease_s: float | None = None  # each attempt's lease (None: attempts hold none)
+    nodes: int = 1  # the gang's size: every node is billed (the prices above are per node)
+    acquire_s: float = 0.0  # wall seconds to get the gang's on-demand nodes (the safety net's)
+
+    @classmethod
+    def of(cls, op: Any) -> JobArgs:
+        """The rendered arguments of ``op`` (a SpotTrainingOperator), as values."""
+        from airflow_spot.operators.arguments import default_lease
+
+        return cls(
+            command=cls.argv(op.command),
+            checkpoint_uri=str(op.checkpoint_uri),
+            expected_compute=op.expected_compute,
+            total_steps=op.total_steps,
+            changeover=op.changeover,
+            policy=op.policy,
+            spot_price=op.spot_price,
+            on_demand_price=op.on_demand_price,
+            max_preemptions=op.max_preemptions,
+            on_preemption_budget=op.on_preemption_budget,
+            max_failures=op.max_failures,
+            decision_interval=op.decision_interval,
+            poll_interval=op.poll_interval,
+            lease_s=(op.lease or default_lease(op.decision_interval)).total_seconds(),
+            nodes=gang_size(op.nodes, op.backend),
+            acquire_s=op.on_demand_acquire.total_seconds(),
+        )
 
     def to_dict(self) -> dict[str, object]:
         """JSON values, durations in seconds, the command left out (it is the DAG's, and may
@@ -51,7 +77,7 @@ class JobArgs:
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> JobArgs:
-        durations = ("expected_compute", "changeover", "decision_interval")
+        durations = ("expected_compute", "changeover", "decision_interval")  # acquire_s: a float
         values = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         for k in durations:
             values[k] = timedelta(seconds=float(values[k]))  # type: ignore[arg-type]
@@ -92,3 +118,29 @@ class Progress:
     reported: int
     sps: float
     changeover: float
+
+
+def gang_size(nodes: int | None, backend: Any) -> int:
+    """The job's gang size: ``nodes`` as given, else the backend's (``LocalBackend(nodes=N)``),
+    else 1 (the arguments' check made sure the two agree)."""
+    from airflow_spot.backends.base import RunsGangs
+
+    if nodes is not None:
+        return int(nodes)
+    return int(backend.nodes) if isinstance(backend, RunsGangs) else 1
+
+
+def prices_or_reference(
+    spot: float | None, on_demand: float | None
+) -> tuple[float, float, tuple[str, ...]]:
+    """The prices, the benchmarks' reference ones where not given, and the names given."""
+    from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
+
+    given = tuple(
+        n for n, v in (("spot_price", spot), ("on_demand_price", on_demand)) if v is not None
+    )
+    return (
+        REFERENCE_SPOT_PRICE if spot is None else spot,
+        REFERENCE_ON_DEMAND_PRICE if on_demand is None else on_demand,
+        given,
+    )

@@ -28,14 +28,13 @@ from airflow_spot.operators.arguments import (
     TEMPLATE_FIELDS,
     argv_of,
     check_arguments,
-    default_lease,
     resolve_deadline,
 )
+from airflow_spot.operators.job import prices_or_reference
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.operators.mapped import CheckedPartialDescriptor
 from airflow_spot.operators.retry import DEFAULT_RETRIES, default_retry_policy, tries_left
 from airflow_spot.operators.roots import check_local_root
-from airflow_spot.policy.model import REFERENCE_ON_DEMAND_PRICE, REFERENCE_SPOT_PRICE
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -129,6 +128,8 @@ class SpotTrainingOperator(BaseOperator):
         min_deferral: timedelta = timedelta(seconds=30),
         lease: timedelta | None = None,
         aws_conn_id: str | None = None,
+        nodes: int | None = None,
+        on_demand_acquire: timedelta = timedelta(0),
         **kwargs: Any,
     ) -> None:
         if "retry_policy" not in kwargs:
@@ -146,14 +147,8 @@ class SpotTrainingOperator(BaseOperator):
         self.changeover = changeover
         self.policy = policy
         # the reference prices when not given (kept apart: a Kubernetes job warns of them)
-        self.prices_given = tuple(
-            name
-            for name, v in (("spot_price", spot_price), ("on_demand_price", on_demand_price))
-            if v is not None
-        )
-        self.spot_price = REFERENCE_SPOT_PRICE if spot_price is None else spot_price
-        self.on_demand_price = (
-            REFERENCE_ON_DEMAND_PRICE if on_demand_price is None else on_demand_price
+        self.spot_price, self.on_demand_price, self.prices_given = prices_or_reference(
+            spot_price, on_demand_price
         )
         self.max_preemptions = max_preemptions
         self.on_preemption_budget = on_preemption_budget
@@ -165,6 +160,8 @@ class SpotTrainingOperator(BaseOperator):
         self.min_deferral = min_deferral
         self.lease = lease
         self.aws_conn_id = aws_conn_id
+        self.nodes = nodes
+        self.on_demand_acquire = on_demand_acquire
         self._validate_static()
 
     # -- validation -------------------------------------------------------------------------
@@ -219,12 +216,12 @@ class SpotTrainingOperator(BaseOperator):
                 set_aside_failed_job(
                     store, STATE_KEY, JobState.from_dict(raw), self._backend(), self.log
                 )
-                state = self._new_state(time.time(), store)
+                state = self._new_state(time.time())
                 return self._run_turns(context, state, None, False)
             from airflow_spot.operators.location import claim_store
 
             claim_store(self.checkpoint_store(), context["ti"], self.checkpoint_uri, self)
-            state = self._new_state(time.time(), store)
+            state = self._new_state(time.time())
         return self._run_turns(context, state, None)
 
     def checkpoint_store(self) -> Any:
@@ -315,12 +312,11 @@ class SpotTrainingOperator(BaseOperator):
             stop_and_release(self._backend(), handle)
 
     # -- the loop ---------------------------------------------------------------------------
-    def _new_state(self, now: float, store: Any) -> JobState:
-        """A new job's state, deadline resolved now, saved before any launch: the next try of a
-        runner killed after one adopts the attempt, its number and the job's clock kept."""
+    def _new_state(self, now: float) -> JobState:
+        """A new job's state, its deadline resolved now."""
         from airflow_spot.operators.start import new_state
 
-        state = new_state(
+        return new_state(
             self._backend(),
             now,
             self._resolve_deadline(now),
@@ -330,8 +326,6 @@ class SpotTrainingOperator(BaseOperator):
             self.prices_given,
             self.log,
         )
-        store.set(STATE_KEY, state.to_dict())
-        return state
 
     def _backend(self) -> Backend:
         from airflow_spot.backends.local.backend import LocalBackend
@@ -345,23 +339,7 @@ class SpotTrainingOperator(BaseOperator):
         """The rendered arguments, as values (the loop never sees this operator)."""
         from airflow_spot.operators.job import JobArgs
 
-        assert self.expected_compute is not None  # validated at parse time
-        return JobArgs(
-            command=JobArgs.argv(self.command),
-            checkpoint_uri=str(self.checkpoint_uri),
-            expected_compute=self.expected_compute,
-            total_steps=self.total_steps,
-            changeover=self.changeover,
-            policy=self.policy,
-            spot_price=self.spot_price,
-            on_demand_price=self.on_demand_price,
-            max_preemptions=self.max_preemptions,
-            on_preemption_budget=self.on_preemption_budget,
-            max_failures=self.max_failures,
-            decision_interval=self.decision_interval,
-            poll_interval=self.poll_interval,
-            lease_s=(self.lease or default_lease(self.decision_interval)).total_seconds(),
-        )
+        return JobArgs.of(self)
 
     def identity(self, context: Context) -> TaskIdentity:
         from airflow_spot.operators.job import TaskIdentity
@@ -395,6 +373,9 @@ class SpotTrainingOperator(BaseOperator):
 
         turn = self.turn(state, context)
         store = context["task_state_store"]
+        # saved before every launch: the next try of a runner killed right after one adopts
+        # the attempt (``recover``), its number and the job's clock kept (issue 34, finding 5)
+        turn.attempt.before_launch = lambda: store.set(STATE_KEY, state.to_dict())
         if event is None and recover and turn.attempt.recover(time.time()):
             store.set(STATE_KEY, state.to_dict())
         while True:

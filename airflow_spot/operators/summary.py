@@ -35,9 +35,15 @@ class Report:
             now = min(now, last.ended_at)
         total = self.args.total_steps_known(st, final) or 1
         sps = self.args.seconds_per_step(st, total)
-        led = st.ledger(now, sps, self.args.on_demand_price, total * sps)
+        n = self.args.nodes
+        led = st.ledger(now, sps, self.args.on_demand_price, total * sps, n)
         led.finished_s = st.market_s(now)
         out = led.summary()
+        if n > 1:  # a gang: every node billed, the prices above per node
+            out["nodes"] = n
+            out["node_hours"] = {
+                cap: round(out[f"{cap}_hours"] * n, 6) for cap in ("spot", "on_demand")
+            }
         out.update(
             {
                 "policy": self.args.policy,
@@ -83,6 +89,7 @@ class Report:
             "checkpoint_step_end": a.ckpt_step_end,
             **({} if a.ready_at is None else {"ready_h": hours(a.ready_at)}),
             **({} if a.handed_to is None else {"handed_to": a.handed_to}),
+            **({} if a.ranks is None else {"ranks": a.ranks}),
         }
 
     def _final(self, final: Manifest) -> dict[str, Any]:

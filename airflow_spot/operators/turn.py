@@ -258,6 +258,8 @@ class Turn:
                 tick_s=tick_s,
                 max_preemptions=self.args.max_preemptions,
                 failure_reserve_s=kept,
+                nodes=self.args.nodes,
+                acquire_s=self.args.acquire_s * st.time_scale,  # in market seconds
             )
         except ConfigError as e:
             if e.field != "deadline_s":

@@ -143,7 +143,7 @@ def test_a_spot_request_stranded_in_a_down_pool_moves_to_one_with_capacity(tmp_p
         ),
         deferrable=False,
     )
-    state = op._new_state(time.time(), FileTaskStateStore(tmp_path / "s"))
+    state = op._new_state(time.time())
     ctl = op.turn(state, make_context(FileTaskStateStore(tmp_path / "s")))
     job = JobSpec(400.0, 3600.0, 0.1, 1.0, 3.06)
     ctl.capacity.choose_pool = lambda now, price: "a"  # type: ignore[method-assign]  # as if a had capacity when it was chosen

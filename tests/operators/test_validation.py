@@ -290,7 +290,7 @@ def test_rendered_values_are_checked_when_the_task_starts(tmp_path) -> None:
         ({"spot_price": 9.8, "on_demand_price": 32.77}, None),
     ],
 )
-def test_a_kubernetes_job_on_the_reference_prices_says_so(changes, warned, capfd, tmp_path) -> None:
+def test_a_kubernetes_job_on_the_reference_prices_says_so(changes, warned, capfd) -> None:
     """On real capacity, prices not given are the benchmark's p3.2xlarge ones: costs and
     savings in the UI would be made up, so the task log says which and how to fix it. The
     simulated local market is not warned about."""
@@ -304,16 +304,14 @@ def test_a_kubernetes_job_on_the_reference_prices_says_so(changes, warned, capfd
         changes.get("spot_price", 0.9731),
         changes.get("on_demand_price", 3.06),
     )
-    from airflow_spot.testing import FileTaskStateStore
-
     capfd.readouterr()
-    op._new_state(0.0, FileTaskStateStore(tmp_path / "s.json"))
+    op._new_state(0.0)
     text = "".join(capfd.readouterr())
     if warned:
         assert warned in text and "Give the prices of your instance type" in text
     else:
         assert "not given" not in text
-    SpotTrainingOperator(**OK)._new_state(0.0, FileTaskStateStore(tmp_path / "s.json"))
+    SpotTrainingOperator(**OK)._new_state(0.0)
     assert "not given" not in "".join(capfd.readouterr())
 
 
