@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean venv
+.PHONY: demo demo-gang test bench lint clean venv
 
 venv: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): requirements.lock pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m airflow_spot.demo
+
+# a 4-rank gang (real JAX ranks) preempted twice, falling back to on-demand; its model checked
+demo-gang: $(STAMP)
+	$(PY) -m airflow_spot.demo_gang
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -58,6 +58,7 @@ PLACED: dict[str, tuple[str, str]] = {
     "backends.signals": ("backends", "one piece of evidence of spot's state, from one source"),
     "backends.registry": ("backends", "a backend from its settings (the watcher rebuilds it)"),
     "demo": ("shell", "`make demo`: runs the example DAG with dag.test(), a user of everything"),
+    "demo_gang": ("shell", "`make demo-gang`: a 4-rank gang through the operator, a user"),
     "testing": ("shell", "test doubles, ours and users': re-exports the common fakes"),
     "testing.fakes": ("shell", "test doubles for task state and Airflow context, markets"),
     "testing.memory": ("shell", "an in-memory checkpoint store, over checkpoint/ only"),

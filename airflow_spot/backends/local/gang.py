@@ -206,7 +206,8 @@ class GangSupervisor(Supervisor):
             r = self.ranks[k]
             r.ended_at, r.exit_code = when, rc
             r.signal(signal.SIGKILL)  # leftovers of its group
-            if r.exit_code != 0 and self.cause is None:
+            # a rank that ends on our own cancel's SIGTERM was stopped, not failed
+            if r.exit_code != 0 and self.cause is None and not self.cancel_requested:
                 self.cause = self._failed(r)
                 self.stop_at = now
         return any(r.alive for r in self.ranks)
