@@ -1,65 +1,122 @@
-"""Chaos on a real deployment, checkpoints in S3 behind a fault proxy (issue 21, deliverable 4).
+"""Chaos on a real deployment, checkpoints in S3 behind a fault proxy (issue 21, deliverable 4;
+the orchestration's own faults: issue 34).
 
     python benchmarks/chaos.py [--runs 8] [--kube-runs 2] [--seed 7] [--steps 300]
                                [--faults-per-run 3] [--s3-windows 2]
 
-Starts what ``tests/deployment`` starts (a private PostgreSQL, ``airflow db migrate``, the
-scheduler with LocalExecutor, dag-processor, triggerer and api-server, all on 127.0.0.1), and
-moto's S3 server on 127.0.0.1 behind :class:`airflow_spot.testing.faults.FaultProxy`. The spot
-training DAG checkpoints to ``s3://spot-chaos/ckpt/<run>``; the training process (through the
-backend's ``extra_env``) and the operator (through the components' environment) reach S3 only
-through the proxy. Preemptions come from a real trace (the bundled us-west-2a V100 window at
-an offset drawn from ``--seed``, replayed fast). The DAG runs ``--runs`` times; during each run, at
-random times, ``--faults-per-run`` process faults drawn from:
+Starts what ``tests/deployment`` starts for a CeleryExecutor deployment (a private PostgreSQL,
+``airflow db migrate``, a private Redis as the broker, the scheduler, dag-processor, triggerer,
+api-server and two Celery workers, all on 127.0.0.1), with the settings the README recommends
+for production (:data:`airflow_spot.production.WORKER_SETTINGS`), every component under an
+emulated supervisor (``benchmarks/chaos_deploy.py``: systemd's ``Restart=always``, 5 s after
+a component exits); and moto's S3 server on 127.0.0.1 behind
+:class:`airflow_spot.testing.faults.FaultProxy`. The spot training DAG checkpoints to
+``s3://spot-chaos/ckpt/<run>``; the training process (through the backend's ``extra_env``)
+and the operator (through the components' environment) reach S3 only through the proxy.
+Preemptions come from a real trace (the bundled us-west-2a V100 window at an offset drawn from
+``--seed``, replayed fast). The task keeps the operator's default ``retries`` (3) and
+``retry_delay`` (Airflow's ``[core] default_task_retry_delay``, scaled down to 10 s here with
+the other timeouts below). The DAG runs ``--runs`` times; each run draws ``--faults-per-run``
+process faults, at random times, from a deck that holds each kind once (shuffled from
+``--seed``, dealt across the runs, shuffled again once used up), so that every kind comes up:
 
-* ``kill_triggerer``: SIGKILL the triggerer's process group, start a new triggerer;
-* ``kill_scheduler``: SIGKILL the scheduler's group (its LocalExecutor workers, so the task
-  runner, die with it), start a new scheduler;
+* ``kill_triggerer``: SIGKILL the triggerer's process group (the supervisor starts it again);
+* ``kill_scheduler``: SIGKILL the scheduler's process group (likewise);
 * ``kill_training``: SIGKILL the training process of the live attempt, wherever it is;
 * ``kill_mid_checkpoint``: the proxy holds the training process's next PUT of a checkpoint
   object (a data file, or the manifest that would make the checkpoint exist); the process
   writing it is found by the held connection's port, checked to be this run's trainer and
   the checkpoint checked to have no manifest yet; then SIGKILL, and the held PUT reaches S3
   afterwards or never (a coin flip), as when a writer dies with its upload on the wire;
-* ``restart_api_server``: SIGTERM the api-server, start it again;
+* ``restart_api_server``: SIGTERM the api-server, start it again at once;
+* ``api_server_down``: the api-server held down 30 to 90 s while the task's trigger fires
+  (hit: the trigger fired while it was down);
+* ``redis_restart``: Redis held down 15 to 40 s, started again empty (hit: the trigger fired
+  meanwhile, so the scheduler had a try to send through it);
+* ``postgres_restart``: PostgreSQL stopped (fast), 5 to 20 s down, started again; what exits
+  meanwhile the supervisor starts again (hit: the task instance was live);
+* ``last_try_before_code``: the run is of a DAG whose task has ``retries=0`` (its first try
+  is its last) and whose spot never goes away (so that its attempt still trains); when the
+  trigger fires while the attempt trains, the worker that starts the resumed try is SIGKILLed
+  as soon as the try is ``running``, and Airflow fails the task instance for good without
+  operator code (hit: it failed). Such a run fails by design: it is no miss; what the
+  counters look at is that nothing trains on unwatched and the ledger holds every attempt;
+* ``clock_skew``: for the whole run, both workers (and the attempts they launch) run with
+  their clocks ten minutes ahead or behind the scheduler, triggerer and api-server, as finding
+  3's deployment had them (libfaketime: ``LD_PRELOAD`` of Debian's ``libfaketime``,
+  ``FAKETIME=+10m`` or ``-10m``, the monotonic clock left alone, and a ``sitecustomize`` that
+  sleeps through ``select``: libfaketime 0.9.10 breaks Python 3.11's ``time.sleep``, a bug of
+  the tool, wolfcw/libfaketime#426) (hit: a try ran on a skewed worker); without libfaketime
+  (``apt-get install -y faketime``) it is reported skipped;
+* ``disk_full``: the run checkpoints to a local root on a 512 KB tmpfs the benchmark mounts (S3
+  is never full: a full disk is what a local root meets), filled to the last byte for 5 to
+  15 s once a checkpoint exists (hit: an attempt's training process met it and stopped with
+  ``checkpoint-unwritable.json``); where no tmpfs can be mounted it is reported skipped;
+* ``delete_checkpoints``: the run's whole checkpoint location (its S3 prefix: checkpoints,
+  manifests, owner claims) deleted while an attempt trains (hit: a complete checkpoint was
+  deleted);
+* ``kill_runner_after_launch``: SIGKILL the task runner of the try that launched an attempt
+  within milliseconds of the attempt's ``spec.json`` appearing (hit: the job's saved state
+  did not record the attempt yet);
+* ``kill_worker``: SIGKILL the whole session of the Celery worker running a try (hit: the
+  try's task runner died with it). Under the LocalExecutor, ``kill_scheduler`` took the
+  running try with it; under Celery this is that fault.
 
-and ``--s3-windows`` S3 fault windows of 1 to 6 s each (every new request meets the fault):
+The outages (the api-server's, Redis's, PostgreSQL's, and ``restart_api_server``) begin just
+after the task deferred anew (``benchmarks/chaos_faults.py``): its trigger fires during them,
+and no try runs through them (the heartbeat timeout here is scaled down to 10 s, where
+production's 300 s outlasts them). A run's deadline gains the wall time the faults it drew
+take from the job (``SLACK_S`` there, plus each hold-down's length): at 1800 market seconds a
+wall second, a 60 s outage is 30 market hours.
+
+And ``--s3-windows`` S3 fault windows of 1 to 6 s each (every new request meets the fault):
 
 * ``s3_500``: ``500 InternalError``; ``s3_throttle``: ``503 SlowDown`` for 50 to 100 % of the
   requests; ``s3_drop``: connections reset mid-request (the server gets half of it) or
   mid-response (the client gets the head and half the body), and those in flight are cut.
 
-A fault counts once it hit something: a live training process, a held write, at least one
-request in its window. A training fault whose time comes while nothing trains (or nothing
-writes a checkpoint) waits: it is tried again each second until it hits or until
-``RETRY_UNTIL`` of the deadline (the end of the window fault times are drawn from) has
-passed, so that the kills land on training rather than on the gaps between attempts; the
-other faults due are injected first, at their time. For each run it reads the XCom
-summary, the attempts' folders and the bucket (directly, not through the proxy), and
+A fault counts once it hit something (what that is, each fault says above). Fault times are
+drawn from 8 s to ``RETRY_UNTIL`` of the deadline the job would have without the faults'
+slack (while it surely runs). A fault whose time comes before its moment (nothing trains, no
+write, the task not freshly deferred) waits: it is tried again each second until it hits or
+until ``RETRY_UNTIL`` of the run's deadline has passed; the other faults due are injected
+first, at their time. For each run it reads the XCom summary, the job's saved state, the task
+instance's tries, the attempts' folders and the bucket (directly, not through the proxy), and
 counts:
 
 * ``misses``: a failed run, or its deadline missed (also a run the retries did not absorb);
 * ``lost``: an attempt that lost more than one checkpoint interval: by the operator's ledger
   (its ``lost_s``), or by the folders: the next attempt resumed more than ``save_every``
-  steps behind where it stopped, or from before a checkpoint it had saved;
+  steps behind where it stopped, or from before a checkpoint it had saved (and that no fault
+  deleted);
 * ``corrupt``: a successful run whose final model (the newest checkpoint with a manifest, in
   S3) differs from an uninterrupted run's;
 * ``duplicates``: two attempts of the task training at once outside a make-before-break
   handover;
 * ``orphans``: a supervisor or training process of the run still alive after it ended;
-* ``missing``: an attempt folder that no ledger row accounts for (in a run that left its
-  summary: a failed one is a miss already);
+* ``missing``: an attempt folder that no row of the job's ledger (its saved state) accounts
+  for, set-aside leftovers that got capacity included;
 * ``unwatched_usd``: spot or on-demand billed past an attempt's lease, beyond the notice and
-  grace it takes to stop.
+  grace it takes to stop;
+* ``tries_lost_to_outages``: tries Airflow spent because of an outage of the api-server,
+  Redis or PostgreSQL: a failed try (from the task instance's tries) that ended during one,
+  or within a minute after, tries killed on purpose by a fault left out;
+* ``unwatched_s``: seconds any attempt trained after its task instance reached a terminal
+  state (the last step it reported, by its progress file's time of writing), beyond the
+  3.2 s a stop takes (notice, grace, a second to send it).
 
 Then ``--kube-runs`` runs of a DAG on the Kubernetes backend against the test cluster
 (``benchmarks/chaos_kube.py``: real etcd, kube-apiserver, controller-manager, scheduler and
-kwok; its binaries are built first if missing), on the same PostgreSQL, with Kubernetes API
-faults (``kube_500``, ``kube_drop``) and spot nodes reclaimed as a trace says. Its counters
-are folded into the same totals.
+kwok; its binaries are built first if missing), on the same PostgreSQL, with a LocalExecutor
+deployment of its own, Kubernetes API faults (``kube_500``, ``kube_drop``) and spot nodes
+reclaimed as a trace says. Its counters are folded into the same totals (it has no
+orchestration outages, and bills pods past their lease in ``unwatched_usd``: it adds nothing
+to the two counters above).
 
-It prints one line per run, one per fault kind and last, for a machine:
-``chaos: runs=N faults=M misses=.. lost=.. corrupt=.. duplicates=.. orphans=.. missing=.. unwatched_usd=..``
+It prints one line per run, one per fault kind (hits, of how many drawn, or why it was
+skipped) and last, for a machine:
+``chaos: runs=N faults=M misses=.. lost=.. corrupt=.. duplicates=.. orphans=.. missing=..
+unwatched_usd=.. tries_lost_to_outages=.. unwatched_s=..``
 ``$AIRFLOW_SPOT_S3_RETRY_S``, if set, reaches the training process and the operator (``0``
 turns off the checkpoint store's own retries: what the S3 faults did before it had them).
 """
@@ -67,7 +124,6 @@ turns off the checkpoint store's own retries: what the S3 faults did before it h
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -86,47 +142,97 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "deployment"))
 import conftest as deploy  # noqa: E402  (the deployment the tests start)
+from chaos_deploy import (  # noqa: E402
+    Missed,
+    SmallDisk,
+    Supervisor,
+    Watch,
+    job_state,
+    libfaketime,
+    recorded_dirs,
+    restart_workers,
+    sleep_shim,
+    trainers_of,
+    wait_healthy,
+)
+from chaos_faults import (  # noqa: E402
+    ARMED,
+    FAULTS,
+    HOLDS,
+    LAST_TRY,
+    SPEND_A_TRY,
+    Planned,
+    Run,
+    skew_hit,
+    skew_workers,
+    tries_lost,
+    unwatched_seconds,
+    wait_attempts_end,
+)
 
 from airflow_spot.checkpoint import LocalStore, S3Store, Store  # noqa: E402
 from airflow_spot.checkpoint.s3 import S3_RETRY_ENV  # noqa: E402
-from airflow_spot.testing import train_command  # noqa: E402
+from airflow_spot.production import WORKER_SETTINGS  # noqa: E402
+from airflow_spot.testing import scripted_trace, train_command  # noqa: E402
 from airflow_spot.testing.faults import FaultProxy, Mode, Request  # noqa: E402
 
 DAG_ID = "spot_chaos"
+LAST_DAG_ID = "spot_chaos_last_try"  # retries=0: its first try is its last
+LAST_STEPS_X = 3  # its job is 3x the work: its attempt still trains when the task fails
 PROCESS_FAULTS = (
     "kill_triggerer",
     "kill_scheduler",
     "kill_training",
     "kill_mid_checkpoint",
     "restart_api_server",
+    "api_server_down",
+    "redis_restart",
+    "postgres_restart",
+    LAST_TRY,
+    "clock_skew",
+    "disk_full",
+    "delete_checkpoints",
+    "kill_runner_after_launch",
+    "kill_worker",
 )
 S3_FAULTS = ("s3_500", "s3_throttle", "s3_drop")
 TRAINING_FAULTS = ("kill_training", "kill_mid_checkpoint")
-# a training fault that finds nothing to hit is tried again each second until this share of
-# the deadline: the end of the window its time is drawn from (no fault lands later than one
-# could be drawn)
+ONE_A_RUN = (LAST_TRY, "clock_skew", "disk_full")  # each changes the whole run
+RUN_LONG = (LAST_TRY, "clock_skew")  # from the run's start
+# fault times are drawn up to this share of the deadline without the faults' slack, and a
+# fault that finds nothing to hit is tried again each second until this share of the run's
+# deadline (no kill lands in the last part of a run, where no slack is left to absorb it)
 RETRY_UNTIL = 0.6
 HOLD_WAIT_S = 5.0  # how long one try of kill_mid_checkpoint waits for a checkpoint write
-FAULTS = PROCESS_FAULTS + S3_FAULTS
+FAULTS_ALL = PROCESS_FAULTS + S3_FAULTS
 KUBE_FAULTS = ("kube_500", "kube_drop")  # benchmarks/chaos_kube.py
-# A SIGKILLed scheduler takes its LocalExecutor workers, so a running try, with it. The next
-# scheduler adopts the try once the dead one has been silent for the health-check threshold,
-# at its next orphan check, and fails it when its heartbeats are older than the timeout. At
-# Airflow's defaults that is 5 min, 3x a run's deadline here: scaled down with everything else.
-HEARTBEAT_ENV = {
+# Airflow's timeouts scaled down with everything else (at its defaults a killed worker's try is
+# noticed after 5 min, 3x a run's deadline here). A try whose worker died is failed once its
+# heartbeats are older than the timeout; a scheduler that was SIGKILLed is replaced, and its
+# queued tries adopted, once silent for the health-check threshold, at the next orphan check;
+# the next try comes retry_delay later (the operator's default: [core] default_task_retry_delay)
+SCALED_ENV = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "10",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "1",
-    # a try queued by a scheduler that was SIGKILLed is checked by no one until the next
-    # scheduler adopts it: it looks every 300 s by default, for schedulers silent for 30 s
     "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+    "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "10",
 }
-COUNTERS = ("misses", "lost", "corrupt", "duplicates", "orphans", "missing", "unwatched_usd")
+COUNTERS = (
+    "misses",
+    "lost",
+    "corrupt",
+    "duplicates",
+    "orphans",
+    "missing",
+    "unwatched_usd",
+    "tries_lost_to_outages",
+    "unwatched_s",
+)
 SAVE_EVERY = 5
 STEP_S = 0.1
 SCALE = 1800.0  # market seconds a wall second
 BUCKET = "spot-chaos"
-TRAINER = "airflow_spot.examples.train_logreg"
 
 DAG = """
 from datetime import datetime, timedelta, timezone
@@ -135,28 +241,39 @@ from airflow_spot.backends.local import LocalBackend
 from airflow_spot.operators import SpotTrainingOperator
 from airflow_spot.testing import train_command
 
-with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
-         catchup=False, params={{"offset": 0, "tag": "r0"}}) as dag:
-    SpotTrainingOperator(
-        task_id="train",
-        command=train_command({steps}, step_seconds={step_s}, save_every={save_every}, seed=7),
-        checkpoint_uri="s3://{bucket}/ckpt/{{{{ run_id | replace(':', '_') | replace('+', '_') }}}}",
-        expected_compute=timedelta(seconds={steps} * {step_s}),
-        total_steps={steps},
-        deadline=timedelta(seconds={deadline_s}),
-        changeover=timedelta(seconds=1),
-        policy="deadline_aware",
-        max_failures={max_failures},
-        backend=LocalBackend(trace="bundled:cant-be-late/us-west-2a_v100_1/3.json", time_scale={scale},
-                             offset={offset}, work_dir={root!r} + "/runs",
-                             notice_s=0.2, grace_s=2.0, extra_env={s3_env!r}),
-        decision_interval=timedelta(seconds=12),
-        poll_interval=0.5,
-        min_deferral=timedelta(seconds=10.5),
-        lease=timedelta(seconds=45),
-        retries=3,
-        retry_delay=timedelta(seconds=2),
-    )
+
+def chaos_dag(dag_id, steps, market, **retries):
+    with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+             catchup=False, params={{"deadline": "{deadline_s:.0f}s",
+                                     "ckpt_root": "s3://{bucket}/ckpt"}}) as dag:
+        SpotTrainingOperator(
+            task_id="train",
+            command=train_command(steps, step_seconds={step_s}, save_every={save_every}, seed=7),
+            checkpoint_uri="{{{{ params.ckpt_root }}}}/{{{{ run_id | replace(':', '_') | replace('+', '_') }}}}",
+            expected_compute=timedelta(seconds=steps * {step_s}),
+            total_steps=steps,
+            deadline="{{{{ params.deadline }}}}",
+            changeover=timedelta(seconds=1),
+            policy="deadline_aware",
+            max_failures={max_failures},
+            backend=LocalBackend(time_scale={scale}, work_dir={root!r} + "/runs", notice_s=0.2,
+                                 grace_s=2.0, extra_env={s3_env!r}, **market),
+            decision_interval=timedelta(seconds=12),
+            poll_interval=0.5,
+            min_deferral=timedelta(seconds=10.5),
+            lease=timedelta(seconds=45),
+            **retries,
+        )
+    return dag
+
+
+# the operator's default retries and retry_delay, spot as a real trace has it
+chaos = chaos_dag({dag_id!r}, {steps}, dict(
+    trace="bundled:cant-be-late/us-west-2a_v100_1/3.json", offset={offset}))
+# its first try is its last; spot never goes away, so that its attempt still trains when
+# Airflow fails the task (the fault is the orchestration's, not the market's)
+last_try = chaos_dag({last_dag_id!r}, {last_steps}, dict(trace={steady!r}, polarity="available"),
+                     retries=0)
 """
 
 
@@ -229,37 +346,54 @@ def model_hash(where: Path | Store) -> str:
     return h.hexdigest()
 
 
-def trainers_of(run_dir: Path) -> list[int]:
-    """The training processes of a run (their environment names its folder)."""
-    out = subprocess.run(["pgrep", "-f", TRAINER], capture_output=True, text=True)
-    pids = []
-    for pid in out.stdout.split():
-        with contextlib.suppress(OSError):
-            if str(run_dir).encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                pids.append(int(pid))
-    return pids
+class Deck:
+    """The process faults dealt to the runs: each kind once per deck, shuffled from the seed,
+    a new deck once one is used up. A card a run cannot take (see :meth:`fits`) goes back on
+    top for the next run."""
+
+    def __init__(self, rng: random.Random, kinds: tuple[str, ...]) -> None:
+        self.rng, self.kinds, self.cards = rng, kinds, []  # type: list[str]
+
+    def deal(self, n: int) -> list[str]:
+        hand: list[str] = []
+        back: list[str] = []
+        while len(hand) < n and len(back) <= 2 * len(self.kinds):
+            if not self.cards:
+                self.cards = list(self.kinds)
+                self.rng.shuffle(self.cards)
+            card = self.cards.pop()
+            (hand if self.fits(hand, card) else back).append(card)
+        self.cards.extend(reversed(back))
+        return hand
+
+    @staticmethod
+    def fits(hand: list[str], card: str) -> bool:
+        """A run takes each of ONE_A_RUN once; a run whose task has no retry left takes no
+        fault that spends a try; a run on the small disk makes no S3 write to hold."""
+        kinds = {*hand, card}
+        if card in ONE_A_RUN and card in hand:
+            return False
+        if LAST_TRY in kinds and kinds & set(SPEND_A_TRY):
+            return False
+        return not ("disk_full" in kinds and "kill_mid_checkpoint" in kinds)
 
 
-def inject(dep: deploy.AirflowDeployment, kind: str, run_dir: Path) -> bool:
-    """One process fault of ``kind``; False when there was nothing to hit (no live training)."""
-    comp = {c.name: c for c in dep.components}
-    if kind in ("kill_triggerer", "kill_scheduler"):
-        c = comp["triggerer" if kind == "kill_triggerer" else "scheduler"]
-        c.signal(signal.SIGKILL)
-        deploy.wait_for(f"{c.name} gone", c.stopped, 30, every=0.2)
-        c.start(dep.env)
-        return True
-    if kind == "restart_api_server":
-        c = comp["api_server"]
-        c.signal(signal.SIGTERM)
-        deploy.wait_for("api-server stopped", c.stopped, 30, every=0.2)
-        c.start(dep.env)
-        deploy.wait_for("api-server back", dep.healthy, 120, every=1.0)
-        return True
-    for pid in trainers_of(run_dir):
-        subprocess.run(["kill", "-KILL", str(pid)], check=False)
-        return True
-    return False
+def plan_run(
+    rng: random.Random, deck: Deck, n: int, steps: int, windows: int
+) -> tuple[list[Planned], float, list]:
+    """One run's faults (sorted by time), its deadline, and its S3 windows."""
+    plan = [Planned(kind, 0.0) for kind in deck.deal(n)]
+    for p in plan:
+        if p.kind in HOLDS:
+            p.hold = rng.uniform(*HOLDS[p.kind])
+        if p.kind == "clock_skew":
+            p.sign = rng.choice("+-")
+    last = any(p.kind == LAST_TRY for p in plan)
+    base_s = deadline_of(steps * (LAST_STEPS_X if last else 1))  # the job surely runs then
+    for p in plan:  # the last try is killed at its first chance; the skew is the whole run's
+        p.at = rng.uniform(8, base_s * RETRY_UNTIL) if p.kind not in RUN_LONG else 0.0
+    deadline_s = base_s + sum(p.slack() for p in plan)
+    return sorted(plan, key=lambda p: p.at), deadline_s, plan_windows(rng, windows)
 
 
 def kill_mid_checkpoint(s3: S3, run_dir: Path, safe: str, rng: random.Random) -> str | None:
@@ -368,34 +502,58 @@ def attempt_steps(run_dirs: list[Path]) -> list[tuple[int, int, int]]:
     return out
 
 
-def losses(summary: dict, run_dirs: list[Path]) -> int:
-    """Attempts that lost more than one checkpoint interval: by the ledger, or by the
-    folders (the next attempt resumed too far behind, or from before a saved checkpoint)."""
-    interval_s = SAVE_EVERY * STEP_S * SCALE  # one checkpoint interval, market seconds
+def losses(summary: dict, run_dirs: list[Path], deleted: set[int] | None = None) -> int:
+    """Attempts that lost more than one checkpoint interval: by the ledger (its ``lost_s``
+    beyond ``save_every`` steps at the ledger's own seconds a step), or by the folders (the
+    next attempt resumed too far behind, or from before a saved checkpoint); an attempt whose
+    last checkpoint a fault deleted (``deleted``: their steps) is not judged by the folders:
+    that loss is the fault's."""
+    interval_s = SAVE_EVERY * ledger_step_s(summary)  # one checkpoint interval, market seconds
     n = sum(1 for s in summary.get("segments") or [] if s.get("lost_s", 0) > interval_s + 1e-6)
     steps = attempt_steps(run_dirs)
     for (_, reached, saved), (resumed, _, _) in zip(steps, steps[1:], strict=False):
-        n += resumed < saved or reached - resumed > SAVE_EVERY
+        if saved not in (deleted or ()):
+            n += resumed < saved or reached - resumed > SAVE_EVERY
     return n
 
 
-def judge(dep: deploy.AirflowDeployment, s3: S3, run_id: str, root: Path, ref: str) -> Counter:
-    c: Counter = Counter()
-    run = dep.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
+def ledger_step_s(summary: dict) -> float:
+    """The market seconds a step of work takes by the ledger: measured, checkpoint saves
+    included (an attempt's segments reach ``step_end`` times it), not the nominal
+    ``STEP_S x SCALE``: under load or S3 faults a step takes longer, and four steps lost would
+    count as more than five nominal ones."""
+    ends = {a["attempt"]: a["step_end"] for a in summary.get("attempts") or [] if a.get("step_end")}
+    reached: dict[int, float] = {}
+    for s in summary.get("segments") or []:
+        if s.get("attempt") in ends and s.get("progress_end_s") is not None:
+            reached[s["attempt"]] = max(reached.get(s["attempt"], 0.0), s["progress_end_s"])
+    rates = [reached[a] / ends[a] for a in reached if reached[a] > 0]
+    return max(rates) if rates else STEP_S * SCALE
+
+
+def read_json(path: Path) -> dict[str, Any]:
     try:
-        xcom = dep.get(
-            f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train/xcomEntries/return_value"
-        )
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def judge(run: Run, ref: str, by_design: bool) -> tuple[Counter, list[str]]:
+    """The run's counters, and notes on what they found (see the module's docstring)."""
+    c: Counter = Counter()
+    notes: list[str] = []
+    base = f"/api/v2/dags/{run.dag_id}/dagRuns/{run.run_id}"
+    state = run.dep.get(base)["state"]
+    try:
+        xcom = run.dep.get(f"{base}/taskInstances/train/xcomEntries/return_value")
         summary = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
     except Exception:  # noqa: BLE001 - no summary: the run failed
         summary = {}
-    c["misses"] += run["state"] != "success" or not summary.get("deadline_met")
-    safe = run_id.replace(":", "_").replace("+", "_")
-    run_dirs = [
-        p for p in (root / "runs").glob(f"{DAG_ID}/{safe}/train/-1/attempt-*") if p.is_dir()
-    ]
-    c["lost"] += losses(summary, [p for p in run_dirs if ".leftover-" not in p.name])
-    c["corrupt"] += run["state"] == "success" and model_hash(s3.store(safe)) != ref
+    if not by_design:  # (a run whose last try was failed on purpose fails by design)
+        c["misses"] += state != "success" or not summary.get("deadline_met")
+    dirs, every = run.attempt_dirs(), run.attempt_dirs(leftovers=True)
+    c["lost"] += losses(summary, dirs, run.deleted)
+    c["corrupt"] += state == "success" and model_hash(run.store) != ref
     attempts = summary.get("attempts") or []
     spans = sorted(
         (a["start_h"], a["end_h"], a.get("handed_to"))
@@ -404,24 +562,48 @@ def judge(dep: deploy.AirflowDeployment, s3: S3, run_id: str, root: Path, ref: s
     )
     for (_, e0, handed), (s1, _, _) in zip(spans, spans[1:], strict=False):
         c["duplicates"] += s1 < e0 - 1e-6 and handed is None
-    if summary:  # (a failed run leaves no summary: its ledger cannot be read here)
-        c["missing"] += max(
-            0, len([p for p in run_dirs if ".leftover-" not in p.name]) - len(attempts)
-        )
+    saved = job_state(run.pg.port, run.dag_id, run.run_id)
+    if saved is not None:  # the ledger is the job's saved state, also for a failed run
+        recorded = recorded_dirs(saved)
+        unrecorded = [
+            d.name
+            for d in every
+            if os.path.realpath(d) not in recorded
+            and (".leftover-" not in d.name or read_json(d / "status.json").get("granted_at"))
+        ]
+        c["missing"] += len(unrecorded)
+        notes += [f"{name} in no ledger" for name in unrecorded]
     time.sleep(3)
-    run_dir = root / "runs" / DAG_ID / safe
     left = subprocess.run(
-        ["pgrep", "-f", f"{run_dir}/"], capture_output=True, text=True
+        ["pgrep", "-f", f"{run.run_dir}/"], capture_output=True, text=True
     ).stdout.split()
-    c["orphans"] += len(set(left) | {str(p) for p in trainers_of(run_dir)})
-    c["unwatched_usd"] += unwatched_usd(run_dirs)
-    return c
+    c["orphans"] += len(set(left) | {str(p) for p in trainers_of(run.run_dir)})
+    tries = run.dep.get(f"{base}/taskInstances/train/tries")["task_instances"]
+    lost, told = tries_lost(run, tries)
+    c["tries_lost_to_outages"] += lost
+    notes += told
+    wait_attempts_end(run, 60.0)  # one left unwatched stops at its lease's end (45 s)
+    c["unwatched_s"] += unwatched_seconds(every, run.watch.terminal_at())
+    c["unwatched_usd"] += unwatched_usd(every)
+    return c, notes
+
+
+def clock_offset(d: Path) -> float:
+    """How far the attempt's supervisor's clock is off this host's (its status's heartbeat
+    against the time the file was written): 0 unless a skewed worker launched it."""
+    st = d / "status.json"
+    try:
+        off = float(json.loads(st.read_text())["heartbeat"]) - st.stat().st_mtime
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+    return off if abs(off) > 60 else 0.0
 
 
 def unwatched_usd(run_dirs: list[Path], scale: float = SCALE, stop_s: float = 2.2) -> float:
     """Capacity billed past each attempt's lease, beyond the notice and grace (``stop_s``) it
     takes to stop by itself: wall seconds at ``scale`` market seconds each, at the
-    reference prices (spot $0.9731, on-demand $3.06 an hour)."""
+    reference prices (spot $0.9731, on-demand $3.06 an hour). The lease's end is the one the
+    attempt's supervisor read, on its clock."""
     usd = 0.0
     for d in run_dirs:
         try:
@@ -431,70 +613,122 @@ def unwatched_usd(run_dirs: list[Path], scale: float = SCALE, stop_s: float = 2.
             continue
         if st.get("granted_at") is None:
             continue  # a request that never got capacity bills nothing
-        ended = st.get("ended_at") or time.time()
+        ended = st.get("ended_at") or time.time() + clock_offset(d)
         price = 0.9731 if st.get("capacity") == "spot" else 3.06
         usd += max(0.0, ended - until - stop_s) * scale / 3600.0 * price
     return usd
 
 
-def one_run(
-    dep: deploy.AirflowDeployment, s3: S3, args: Any, rng: random.Random, root: Path, ref: str
-) -> tuple[str, Counter, Counter, list[str]]:
-    """One DAG run under faults: (its state, its counters, the faults that hit, notes)."""
-    deadline_s = deadline_of(args.steps)
-    run_id = dep.trigger(DAG_ID)
+def trigger(dep: deploy.AirflowDeployment, dag_id: str, conf: dict[str, str]) -> str:
+    """Unpause ``dag_id`` and start a run of it now with ``conf``; the run's id."""
+    dep.request("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+    r = dep.request(
+        "POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf}
+    )
+    r.raise_for_status()
+    return r.json()["dag_run_id"]
+
+
+def inject(run: Run, p: Planned, s3: S3, rng: random.Random) -> Any:
+    if p.kind == "kill_mid_checkpoint":
+        return kill_mid_checkpoint(s3, run.run_dir, run.safe, rng)
+    return FAULTS[p.kind](run, p)
+
+
+def told(p: Planned, at: float, hit: Any) -> str:
+    """The run line's note on one fault."""
+    late = f" (planned @{p.at:.0f}s)" if at - p.at >= 2 else ""
+    if isinstance(hit, Missed):
+        return f"{p.kind}@{at:.0f}s{late} missed ({hit.why})"
+    return f"{p.kind}@{at:.0f}s{late}" + (f" ({hit})" if isinstance(hit, str) else "")
+
+
+def one_run(ctx: dict[str, Any], args: Any, n: int) -> tuple[str, Counter, Counter, list[str]]:
+    """Run ``n`` of the plan under its faults: (its state, its counters, the faults that hit,
+    notes)."""
+    dep, s3, disk = ctx["dep"], ctx["s3"], ctx["disk"]
+    plan, deadline_s, windows = ctx["plans"][n]
+    last = any(p.kind == LAST_TRY for p in plan)
+    local = disk is not None and any(p.kind == "disk_full" for p in plan)
+    conf = {"deadline": f"{deadline_s:.0f}s"}
+    if local:
+        conf["ckpt_root"] = str(disk.where / "ckpt")
+    dag_id = LAST_DAG_ID if last else DAG_ID
+    skew = next((p for p in plan if p.kind == "clock_skew" and p.kind not in ctx["skipped"]), None)
+    skewed_at = skew_workers(dep, ctx["sup"], ctx["lib"], ctx["shim"], skew) if skew else None
+    run_id = trigger(dep, dag_id, conf)
     safe = run_id.replace(":", "_").replace("+", "_")
-    run_dir = root / "runs" / DAG_ID / safe
-    start = time.time()
+    run = Run(
+        dep, ctx["sup"], ctx["pg"], ctx["redis"], disk, dag_id, run_id, ctx["root"],
+        time.time(), deadline_s, Watch(ctx["pg"].port, dag_id, run_id).start(),
+        LocalStore(disk.where / "ckpt" / safe) if local else s3.store(safe),
+        disk.where / "ckpt" / safe if local else None, ctx["lib"],
+    )  # fmt: skip
+    run.skewed_at = skewed_at
     kinds: Counter = Counter()
-    notes: list[str] = []
-    end = threading.Event()
-    windows: list = []
+    notes = [f"{p.kind} skipped" for p in plan if p.kind in ctx["skipped"]]
+    todo = [p for p in plan if p.kind not in ctx["skipped"] and p is not skew]
+    due: list[Planned] = []
+    later: list[tuple[Planned, float, Any]] = [(skew, 0.0, skew_hit(run, skew))] if skew else []
+    out: list = []
     requests_before = sum(s3.proxy.hits.values())
     s3_thread = threading.Thread(
-        target=run_windows,
-        args=(s3, plan_windows(rng, args.s3_windows), run_dir, start, end, windows),
-        daemon=True,
+        target=run_windows, args=(s3, windows, run.run_dir, run.start, run.ended, out), daemon=True
     )
-    plan = sorted(rng.uniform(8, deadline_s * RETRY_UNTIL) for _ in range(args.faults_per_run))
-    kinds_plan = [rng.choice(PROCESS_FAULTS) for _ in plan]
-    due: list[tuple[str, float]] = []  # process faults whose time came, not yet hit
     s3_thread.start()
+
+    def record(p: Planned, at: float, hit: Any) -> None:
+        kinds[p.kind] += bool(hit) and not isinstance(hit, Missed)
+        notes.append(told(p, at, hit))
+
+    state = "queued"
     try:
         while True:
-            state = dep.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
-            if state in ("success", "failed") or time.time() - start > deadline_s * 3:
+            look = run.watch.now()
+            state = (look.run_state if look else None) or state
+            if state in ("success", "failed") or time.time() - run.start > deadline_s * 3:
                 break
-            if plan and time.time() - start >= plan[0]:
-                due.append((kinds_plan.pop(0), plan.pop(0)))
+            while todo and time.time() - run.start >= todo[0].at:
+                due.append(todo.pop(0))
             # the others first: a training fault's try may wait for a write (HOLD_WAIT_S)
-            for kind, planned in sorted(due, key=lambda f: f[0] in TRAINING_FAULTS):
-                at = time.time() - start
-                if kind == "kill_mid_checkpoint":
-                    hit = kill_mid_checkpoint(s3, run_dir, safe, rng)
+            for p in sorted(due, key=lambda f: f.kind in TRAINING_FAULTS):
+                at = time.time() - run.start
+                hit = inject(run, p, s3, ctx["inject_rng"])
+                if hit is None:  # its moment has not come (an armed one's thread ends it)
+                    if p.kind in ARMED or at < deadline_s * RETRY_UNTIL:
+                        continue
+                    hit = Missed("its moment never came")
+                due.remove(p)
+                if callable(hit):
+                    later.append((p, at, hit))
                 else:
-                    hit = inject(dep, kind, run_dir)
-                if not hit and at < deadline_s * RETRY_UNTIL:
-                    continue  # nothing to hit yet (nothing trains, no write): the next second
-                due.remove((kind, planned))
-                kinds[kind] += bool(hit)
-                notes.append(
-                    f"{kind}@{at:.0f}s"
-                    + (f" (planned @{planned:.0f}s)" if at - planned >= 2 else "")
-                    + (f" ({hit})" if isinstance(hit, str) else "")
-                    + ("" if hit else " missed")
-                )
+                    record(p, at, hit)
             time.sleep(1.0)
-        notes.extend(f"{kind}@{planned:.0f}s missed (the run ended)" for kind, planned in due)
     finally:
-        end.set()
+        run.ended.set()
+        for armed in run.armed.values():
+            armed.join(240)
         s3_thread.join(30)
         s3.proxy.set(Mode.PASS)
-    for kind, at, length, requests in windows:
+        if run.skewed_at is not None:  # the workers' clocks right again for the next run
+            restart_workers(dep, ctx["sup"], None)
+        run.watch.stop()
+    for p in due:
+        armed = run.armed.get(id(p))
+        if armed is not None and armed.result is not None:
+            record(p, time.time() - run.start, armed.result)
+        else:
+            notes.append(f"{p.kind}@{p.at:.0f}s missed (the run ended)")
+    notes += [f"{p.kind}@{p.at:.0f}s missed (the run ended)" for p in todo]
+    for p, at, check in later:
+        record(p, at, check())
+    for kind, at, length, requests in out:
         kinds[kind] += requests > 0
         notes.append(f"{kind}@{at:.0f}s for {length:.0f}s: {requests} requests")
     notes.append(f"{sum(s3.proxy.hits.values()) - requests_before} S3 requests")
-    return state, judge(dep, s3, run_id, root, ref), kinds, notes
+    wait_healthy(dep)
+    got, found = judge(run, ctx["refs"][dag_id], by_design=bool(kinds[LAST_TRY]))
+    return state + (" (by design)" if kinds[LAST_TRY] else ""), got, kinds, notes + found
 
 
 def deadline_of(steps: int) -> float:
@@ -511,27 +745,55 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--faults-per-run", type=int, default=3)  # process (or API) faults
     ap.add_argument("--s3-windows", type=int, default=2)  # S3 fault windows a run
-    args = ap.parse_args()  # the defaults: about 20 minutes on 2 cores
+    args = ap.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="airflow-spot-chaos-"))
-    ref = reference_model(root, args.steps)
+    refs = {}
+    for dag_id, steps in ((DAG_ID, args.steps), (LAST_DAG_ID, args.steps * LAST_STEPS_X)):
+        (root / dag_id).mkdir()
+        refs[dag_id] = reference_model(root / dag_id, steps)
     bin_dir = deploy.postgres_bin_dir()
     if bin_dir is None:
         sys.exit("chaos: PostgreSQL is not installed (apt-get install -y postgresql)")
+    redis_bin = deploy.redis_server_binary()
+    if redis_bin is None:
+        sys.exit("chaos: Redis is not installed (apt-get install -y redis-server)")
     if args.kube_runs:  # the test cluster's binaries, built now if missing (not mid-run)
         from airflow_spot.testing.cluster.plane import ensure_binaries
 
         ensure_binaries()
-    s3 = S3(args.seed)
-    pg = deploy.PostgresServer(bin_dir, Path(tempfile.mkdtemp(prefix="airflow-spot-pg-")))
+    ctx: dict[str, Any] = {"root": root, "refs": refs, "skipped": {}, "lib": libfaketime()}
+    ctx["shim"] = sleep_shim(root / "sleep-shim")
+    if ctx["lib"] is None:
+        ctx["skipped"]["clock_skew"] = "libfaketime is not installed: apt-get install -y faketime"
+    ctx["disk"], why = SmallDisk.mount(root / "disk")
+    if ctx["disk"] is None:
+        ctx["skipped"]["disk_full"] = why
+    offset = rng.randrange(0, 200)
+    deck = Deck(rng, PROCESS_FAULTS)
+    ctx["plans"] = [
+        plan_run(rng, deck, args.faults_per_run, args.steps, args.s3_windows)
+        for _ in range(args.runs)
+    ]
+    ctx["inject_rng"] = random.Random(rng.random())
+    s3 = ctx["s3"] = S3(args.seed)
+    pg = ctx["pg"] = deploy.PostgresServer(
+        bin_dir, Path(tempfile.mkdtemp(prefix="airflow-spot-pg-"))
+    )
+    redis = ctx["redis"] = deploy.RedisServer(
+        redis_bin, Path(tempfile.mkdtemp(prefix="airflow-spot-redis-"))
+    )
     total: Counter = Counter()
     kinds: Counter = Counter()
-    dep = None
+    dep = sup = None
     try:
         pg.start()
+        redis.start()
         source = DAG.format(
             dag_id=DAG_ID,
+            last_dag_id=LAST_DAG_ID,
             steps=args.steps,
+            last_steps=args.steps * LAST_STEPS_X,
             step_s=STEP_S,
             save_every=SAVE_EVERY,
             bucket=BUCKET,
@@ -540,29 +802,40 @@ def main() -> None:
             # a SIGKILLed trainer is an application failure by design (the OOM killer's
             # signal): the default budget of 2, plus one for each process fault a run draws
             max_failures=2 + args.faults_per_run,
-            offset=rng.randrange(0, 200),
+            offset=offset,
+            steady=str(scripted_trace(root / "steady.json", [(True, 20000)])),
             scale=SCALE,
             s3_env=s3.env(),
         )
-        dep = deploy.AirflowDeployment(root / "deploy", pg.url(), {"chaos.py": source})
+        dep = ctx["dep"] = deploy.AirflowDeployment(
+            root / "deploy", pg.url(), {"chaos.py": source},
+            executor="CeleryExecutor", broker_url=redis.url(),
+        )  # fmt: skip
         dep.env.update(s3.env())  # the operator's own checkpoint reads, through the proxy
-        dep.env.update(HEARTBEAT_ENV)
+        dep.env.update(SCALED_ENV)
+        dep.env.update(WORKER_SETTINGS)  # what the README recommends for production
         dep.migrate()
         dep.start()
+        sup = ctx["sup"] = Supervisor(dep).start()
         dep.wait_for_dag(DAG_ID)
+        dep.wait_for_dag(LAST_DAG_ID)
         for n in range(args.runs):
+            wait_healthy(dep)
             t0 = time.time()
-            state, got, hit, notes = one_run(dep, s3, args, rng, root, ref)
+            state, got, hit, notes = one_run(ctx, args, n)
             total += got
             kinds += hit
             print(
-                f"run {n + 1}: {state} in {time.time() - t0:.0f} s; faults {dict(hit) or 'none'};"
-                f" {'; '.join(notes)}; {dict(+got) or 'clean'}",
+                f"run {n + 1}: {state} in {time.time() - t0:.0f} s (deadline "
+                f"{ctx['plans'][n][1]:.0f} s); faults {dict(hit) or 'none'}; "
+                f"{'; '.join(notes)}; {dict(+got) or 'clean'}",
                 flush=True,
             )
+        sup.stop()
         dep.stop()
         dep.ledger.kill_alive()
         dep = None
+        redis.stop()
         if args.kube_runs:  # the same PostgreSQL, a deployment of its own
             import chaos_kube
 
@@ -579,18 +852,37 @@ def main() -> None:
             total += Counter({k: got[k] for k in COUNTERS})
             kinds += hit
     finally:
+        if sup is not None:
+            sup.stop()
         if dep is not None:
             dep.stop()
             dep.ledger.kill_alive()
+        redis.stop()
         pg.stop()
         s3.stop()
-    for kind in FAULTS + (KUBE_FAULTS if args.kube_runs else ()):
+        if ctx["disk"] is not None:
+            ctx["disk"].unmount()
+    report(args, ctx, kinds, total)
+
+
+def report(args: Any, ctx: dict[str, Any], kinds: Counter, total: Counter) -> None:
+    """The per-fault lines (hits of drawn, or why skipped) and the machine-read last line."""
+    drawn = Counter(p.kind for plan, _, _ in ctx["plans"] for p in plan)
+    drawn += Counter(w[2] for _, _, windows in ctx["plans"] for w in windows)
+    for kind in FAULTS_ALL:
+        if kind in ctx["skipped"]:
+            print(f"fault {kind}: skipped, {drawn[kind]} drawn ({ctx['skipped'][kind]})")
+        else:
+            print(f"fault {kind}: {kinds[kind]} of {drawn[kind]} drawn")
+    for kind in KUBE_FAULTS if args.kube_runs else ():
         print(f"fault {kind}: {kinds[kind]}")
     print(
         f"chaos: runs={args.runs + args.kube_runs} faults={sum(kinds.values())} "
         f"misses={total['misses']} lost={total['lost']} corrupt={total['corrupt']} "
         f"duplicates={total['duplicates']} orphans={total['orphans']} "
-        f"missing={total['missing']} unwatched_usd={total['unwatched_usd']:.2f}"
+        f"missing={total['missing']} unwatched_usd={total['unwatched_usd']:.2f} "
+        f"tries_lost_to_outages={total['tries_lost_to_outages']} "
+        f"unwatched_s={total['unwatched_s']:.1f}"
     )
 
 
