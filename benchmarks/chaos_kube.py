@@ -2,8 +2,9 @@
 
     python benchmarks/chaos_kube.py [--runs 2] [--seed 7] [--faults-per-run 3]
 
-The same real deployment as ``benchmarks/chaos.py`` (PostgreSQL, scheduler with
-LocalExecutor, dag-processor, triggerer and api-server, each its own process on 127.0.0.1),
+A real deployment of its own on ``benchmarks/chaos.py``'s PostgreSQL (scheduler with
+LocalExecutor, dag-processor, triggerer and api-server, each its own process on 127.0.0.1;
+the local runs use CeleryExecutor),
 with a DAG on the Kubernetes backend against the test cluster
 (:mod:`airflow_spot.testing.cluster`: real etcd, kube-apiserver, controller-manager, scheduler
 and kwok; our kubelet runs the pods as local processes). The task reaches the cluster through
