@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS", str(root))
-    print(f"Running a {NODES}-rank gang on a scripted spot market (two to three minutes on 2 cores)...", flush=True)
+    print(
+        f"Running a {NODES}-rank gang on a scripted spot market (two to three minutes on 2 cores)...",
+        flush=True,
+    )
     summary = run_job(root)
     print("...and the same training once, uninterrupted, for the reference model.", flush=True)
     run_uninterrupted(root)
