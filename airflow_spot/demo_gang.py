@@ -69,7 +69,7 @@ def run_job(root: Path) -> dict:
         poll_interval=0.2,
         deferrable=False,
     )
-    return op.execute(make_context(FileTaskStateStore(root / "state.json")))
+    return op.execute(make_context(FileTaskStateStore(root / "state.json")))  # type: ignore[arg-type]
 
 
 def run_uninterrupted(root: Path) -> None:

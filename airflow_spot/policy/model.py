@@ -104,7 +104,9 @@ class JobSpec:
 
 def _gang(nodes: object, acquire_s: object) -> None:
     """A gang's size and on-demand acquisition margin, each named with its fix."""
-    if not (isinstance(nodes, numbers.Integral) and not isinstance(nodes, bool) and nodes >= 1):
+    if not (
+        isinstance(nodes, numbers.Integral) and not isinstance(nodes, bool) and int(nodes) >= 1
+    ):
         raise InvalidJobSpec("nodes", f"must be a whole number of nodes >= 1, got {nodes!r}")
     if not (finite_number(acquire_s) and acquire_s >= 0):  # type: ignore[operator]
         raise InvalidJobSpec(

@@ -194,7 +194,7 @@ def _replay(
     while True:
         now = t * gap
         has = avail[t] if t < n else False
-        if waste is not None and (looking == "request" or (looking and not grun.free_probe)):
+        if waste is not None and (looking == "request" or (looking and not grun.free_probe)):  # type: ignore[union-attr]
             waste.ticks(t - 1, t, done)  # [t-1, t): a partial gang held what there was
         seen = watching or cur is SPOT or looking != ""
         if seen:  # runs.see(now, has, watched), inlined: a call costs a replay 1-2 %
@@ -333,7 +333,7 @@ def _replay(
                 if (
                     waste is not None
                     and m > 0
-                    and (looking == "request" or (looking and not grun.free_probe))
+                    and (looking == "request" or (looking and not grun.free_probe))  # type: ignore[union-attr]
                 ):
                     waste.ticks(t, t + m, done)  # the skipped looks' waits
                 if jump and m > 0:

@@ -14,7 +14,7 @@ class FullDisk(LocalStore):
     """A :class:`LocalStore` that raises the kernel's own ENOSPC on every write while ``full``."""
 
     def __init__(self, root: str | os.PathLike[str], full: bool = False) -> None:
-        super().__init__(root)
+        super().__init__(os.fspath(root))
         self.full = full
 
     def put(self, key: str, data: bytes) -> None:
