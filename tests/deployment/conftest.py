@@ -505,15 +505,18 @@ class AirflowDeployment:
             "import os\n\n\ndef hostname():\n"
             "    return os.environ['AIRFLOW_SPOT_DEPLOYMENT_HOSTNAME']\n"
         )
-        path = os.pathsep.join(p for p in (str(module.parent), self.env.get("PYTHONPATH")) if p)
+        own = self.worker_env.get(name, {})
+        # a worker's own PYTHONPATH goes first, before the hostname module's and the deployment's
+        parts = (own.get("PYTHONPATH"), str(module.parent), self.env.get("PYTHONPATH"))
+        path = os.pathsep.join(p for p in parts if p)
         argv = [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "1",
                 "--skip-serve-logs", "--celery-hostname", hostname, "--without-mingle",
                 "--without-gossip"]  # fmt: skip
         extra = {
             "AIRFLOW_SPOT_DEPLOYMENT_HOSTNAME": hostname,
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "spot_deployment_hostname.hostname",
+            **own,
             "PYTHONPATH": path,
-            **self.worker_env.get(name, {}),
         }
         return Component(name, argv, log, extra_env=extra)
 

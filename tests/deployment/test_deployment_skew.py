@@ -32,7 +32,6 @@ import glob
 import json
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,36 +165,10 @@ def deployment_dags(deployment_root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def airflow_deployment(
-    deployment_executor: str,
-    postgres_server: Any,
-    redis_server: Any,
-    deployment_root: Path,
-    deployment_dags: dict[str, str],
-    deployment_celery_env: dict[str, str],
-    worker_clock_env: dict[str, str],
-) -> Any:
-    """conftest.py's deployment, its Celery workers alone started with ``worker_clock_env``
-    (the scheduler, triggerer and api-server keep the true clock)."""
-    deploy = sys.modules[type(postgres_server).__module__]  # tests/deployment/conftest.py
-    dep = deploy.AirflowDeployment(
-        deployment_root,
-        postgres_server.url(),
-        deployment_dags,
-        executor=deployment_executor,
-        broker_url=redis_server.url(),
-        celery_env=deployment_celery_env,
-    )
-    for worker in dep.workers:
-        path = os.pathsep.join((worker_clock_env["PYTHONPATH"], worker.extra_env["PYTHONPATH"]))
-        worker.extra_env.update({**worker_clock_env, "PYTHONPATH": path})
-    dep.migrate()
-    try:
-        dep.start()
-        yield dep
-    finally:
-        dep.stop()
-        dep.ledger.kill_alive()  # what a failed test left (detached supervisors, training)
+def deployment_worker_env(worker_clock_env: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The Celery workers alone run on ``worker_clock_env``'s clock (the scheduler, triggerer
+    and api-server keep the true one)."""
+    return {worker: dict(worker_clock_env) for worker in ("worker_1", "worker_2")}
 
 
 # -- the run --------------------------------------------------------------------------------
