@@ -45,6 +45,7 @@ def stop_unwatched(
     running = [rec for rec in (state.coming, state.live) if rec is not None]
     if backend is None:
         backend = load_backend(state.backend or {"kind": "local"})
+    when = time.time() if now is None else now
     for rec in running:
         log.warning(
             "Task %s ended without its operator (%s): stopping attempt %d on %s.",
@@ -53,9 +54,8 @@ def stop_unwatched(
             rec.attempt,
             rec.capacity,
         )
-        _close(rec, backend.cancel(rec.handle), backend, why, time.time() if now is None else now)
+        _close(rec, backend.cancel(rec.handle), backend, why, when)
     state.current = state.incoming = None
-    when = time.time() if now is None else now
     stopped = ", ".join(f"attempt {r.attempt} on {r.capacity}" for r in running) or "nothing ran"
     state.failed = {"error": ERROR, "message": f"{why}; stopped: {stopped}"}
     if state.args is not None:
