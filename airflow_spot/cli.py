@@ -47,6 +47,7 @@ FLAGS = {
     "acquire": "--acquire",
     "acquire_s": "--acquire",
     "acquire_median": "--acquire-median",
+    "reserved": "--reserved",
     "kind": "TRACE_OR_DIR",
 }
 
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--acquire-median",
         type=_hours_arg("--acquire-median"),
         help="draw the acquisition time per tick (log-normal with this median, --acquire as p95)",
+    )
+    sim.add_argument(
+        "--reserved",
+        type=_hours_arg("--reserved"),
+        help="a reserved fallback pool (capacity reservation) that brings the gang up in this "
+        "time (e.g. 5m): an on-demand launch escalates to it when the open pool is late; the "
+        "safety net then keeps only this",
     )
     sim.add_argument(
         "--atomic",
@@ -306,11 +314,16 @@ def _gang(args: argparse.Namespace, gap_s: float) -> tuple:
     if args.acquire:
         median = None if args.acquire_median is None else args.acquire_median * 3600.0
         acquire = Acquire(args.acquire * 3600.0, median, seed=args.seed)
+    reserved = None if args.reserved is None else args.reserved * 3600.0
+    if reserved is not None and acquire is None:
+        raise ConfigError(
+            "--reserved", "needs --acquire (the open pool's time the reserved pool stands behind)"
+        )
     if nodes == 1 and acquire is None and not (args.atomic or args.capacity_check):
         return None, 1, 0.0
     gang = Gang(partial=not args.atomic, probe="check" if args.capacity_check else "placeholders",
-                acquire=acquire)  # fmt: skip
-    return gang, nodes, 0.0 if acquire is None else acquire.margin_s(gap_s)
+                acquire=acquire, reserved_s=reserved)  # fmt: skip
+    return gang, nodes, gang.margin_s(gap_s)
 
 
 def _on_demand_price(args: argparse.Namespace, traces: list) -> float:

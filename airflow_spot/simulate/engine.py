@@ -171,7 +171,7 @@ def _replay(
         od_price, spot_price = od_price * nodes, spot_price * nodes
         if spot_prices:
             spot_prices = [p * nodes for p in spot_prices]
-        steps = launch_steps(gap, d, grun.acquire)
+        steps = launch_steps(gap, d, grun)
         waste = Waste(add, grun, job.spot_price, gap)
     seg = SegmentBuilder(add, totals=totals)
     ovl = SegmentBuilder(add, overlap=True, totals=totals)
@@ -259,7 +259,11 @@ def _replay(
             else:
                 ask = steady is not None and cur is NONE and req is SPOT  # a launch from idle
                 if req is not NONE:
-                    rro = d if req is SPOT or grun is None else od_launch_s(d, grun, t, gap)
+                    rro = (
+                        d
+                        if req is SPOT or grun is None
+                        else od_launch_s(d, grun, t, gap, deadline - now - work + done)
+                    )
                 if cur is not NONE:
                     seg.close("switched")
                 cur = req
@@ -289,7 +293,11 @@ def _replay(
                             ovl.close("cancelled")
                             overlap = False
                         if req is not NONE:
-                            rro = d if req is SPOT or grun is None else od_launch_s(d, grun, t, gap)
+                            rro = (
+                                d
+                                if req is SPOT or grun is None
+                                else od_launch_s(d, grun, t, gap, deadline - now - work + done)
+                            )
                         if cur is not NONE:
                             seg.close("switched")
                         cur = req

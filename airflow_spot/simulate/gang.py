@@ -26,6 +26,15 @@ the rules of one node (:mod:`.engine`), and these costs on top:
   the changeover. ``A`` is fixed or drawn per tick of the window (a property of the market,
   as spot's state is, so the omniscient optimum pays the same delays); the policy is told
   only a margin (:attr:`JobSpec.acquire_s`), which its safety net keeps.
+* **a reserved fallback pool** (``reserved_s``: an on-demand capacity reservation or a
+  capacity block, whose capacity is already held: the gang comes in a fixed ``reserved_s``,
+  boot only): an on-demand launch asks the open pool first and escalates to the reserved pool
+  at the last look from which the reserved gang still meets the deadline (the operator knows
+  the slack; it needs no draw to see the open pool's nodes have not come). The wait is then
+  at most ``reserved_s`` plus the slack the launch had to spare, so the safety net keeps only
+  ``reserved_s``; the escalated wait is billed like any other (at the on-demand price, as a
+  reservation's instances are), and counted (``escalations``). The reservation's own cost
+  while the job does not use it is not billed: it is shared by the jobs that fall back to it.
 
 The observation model decides what waits: under ``oracle`` a decision takes effect at once
 and nothing waits, so a partial gang never forms; under ``cluster`` it does.
@@ -36,7 +45,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -98,10 +107,23 @@ class Gang:
     partial: bool = True  # a waiting request holds the nodes there are (not atomic)
     probe: str = "placeholders"  # or "check": a free capacity check
     acquire: Acquire | None = None
+    reserved_s: float | None = None  # a reserved fallback pool's time to bring the gang up
 
     def __post_init__(self) -> None:
         if self.probe not in PROBES:
             raise ConfigError("probe", f"{self.probe!r} is not one of {', '.join(PROBES)}")
+        r = self.reserved_s
+        if r is not None and not (finite_number(r) and r >= 0):
+            raise ConfigError(
+                "reserved", f"must be >= 0 seconds (the reserved pool's boot time), got {r!r}"
+            )
+
+    def margin_s(self, gap: float) -> float:
+        """What the safety net keeps for the on-demand nodes: the reserved pool's time where
+        there is one (an escalation bounds the wait), else the acquisition's p95."""
+        if self.reserved_s is not None:
+            return math.ceil(self.reserved_s / gap - 1e-9) * gap
+        return 0.0 if self.acquire is None else self.acquire.margin_s(gap)
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,8 @@ class GangRun:
     held: list[int]  # held[t]: nodes a request waiting over [t, t+1) holds (0: none)
     acquire: list[int] | None  # acquire[t]: ticks an on-demand launch at t waits
     free_probe: bool  # a probe's find costs nothing (a capacity check)
+    reserved: int | None = None  # ticks the reserved pool takes (None: no reserved pool)
+    escalations: list[int] = field(default_factory=lambda: [0])  # launches escalated, counted
 
 
 def gang_run(trace: Trace, nodes: int, gang: Gang | None) -> GangRun | None:
@@ -131,15 +155,22 @@ def gang_run(trace: Trace, nodes: int, gang: Gang | None) -> GangRun | None:
     acq = None
     if gang.acquire is not None and gang.acquire.p95_s > 0:
         acq = gang.acquire.ticks(trace.name, n, trace.gap_s).tolist()
-    return GangRun(nodes, held_l, acq, gang.probe == "check")
+    reserved = None
+    if gang.reserved_s is not None:
+        reserved = round(gang.margin_s(trace.gap_s) / trace.gap_s)
+    return GangRun(nodes, held_l, acq, gang.probe == "check", reserved)
 
 
-def launch_steps(gap: float, d: float, acquire: list[int] | None) -> dict[float, Step]:
+def launch_steps(gap: float, d: float, run: GangRun | None) -> dict[float, Step]:
     """The changeover table of a replay whose on-demand launches may first wait whole ticks
-    of acquisition: the job's own (:func:`.ticks.changeover_steps`) and every ``d + k gap``."""
-    if not acquire:
+    of acquisition: the job's own (:func:`.ticks.changeover_steps`) and every ``d + k gap``
+    (with a reserved pool, every ``k`` up to the longest wait an escalation leaves)."""
+    if run is None or not run.acquire:
         return changeover_steps(gap, d)
-    return _merged(gap, d, tuple(sorted(set(acquire))))
+    ks = set(run.acquire)
+    if run.reserved is not None:
+        ks.update(range(max(ks) + 1))
+    return _merged(gap, d, tuple(sorted(ks)))
 
 
 @lru_cache(maxsize=16)
@@ -150,12 +181,19 @@ def _merged(gap: float, d: float, ks: tuple[int, ...]) -> dict[float, Step]:
     return steps
 
 
-def od_launch_s(d: float, run: GangRun | None, t: int, gap: float) -> float:
-    """The changeover an on-demand launch at tick ``t`` starts with: the job's, after the
-    acquisition's whole ticks."""
+def od_launch_s(d: float, run: GangRun | None, t: int, gap: float, slack: float) -> float:
+    """The changeover an on-demand launch at tick ``t`` with ``slack`` seconds to spare
+    starts with: the job's, after the acquisition's whole ticks (with a reserved pool, at most
+    the ticks the slack spares before the reserved gang must be asked for, plus its own)."""
     if run is None or run.acquire is None:
         return d
     a = run.acquire[t] if t < len(run.acquire) else 0  # past the window: none (as the optimum)
+    r = run.reserved
+    if r is not None and a > r:
+        k = max(int((slack - d) // gap + 1e-9) - r, 0)  # looks the open pool may take
+        if k + r < a:
+            a = k + r
+            run.escalations[0] += 1
     return d + a * gap if a else d
 
 

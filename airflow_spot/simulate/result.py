@@ -40,6 +40,7 @@ class RunResult:
     nodes: int = 1  # a gang's size (every figure above bills every node)
     partial_node_hours: float | None = None  # a gang's: nodes held while its request waited
     partial_cost: float = 0.0  # what they cost (in probe_cost too: the ledger's probe phase)
+    escalations: int = 0  # a gang's on-demand launches that escalated to the reserved pool
 
     @property
     def normalized_cost(self) -> float:
@@ -74,6 +75,7 @@ class RunResult:
             "nodes": self.nodes,
             "partial_node_hours": round(self.partial_node_hours, 6),
             "partial_cost": round(self.partial_cost, 6),
+            "escalations": self.escalations,
         }
 
 
@@ -120,4 +122,5 @@ def result(
         nodes=job.nodes,
         partial_node_hours=None if waste is None else waste.node_s / 3600.0,
         partial_cost=0.0 if waste is None else waste.cost,
+        escalations=0 if waste is None else waste.run.escalations[0],
     )

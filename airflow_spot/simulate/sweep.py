@@ -97,6 +97,9 @@ def _run_omniscient(args: tuple) -> list[dict]:
         acquire = np.zeros((len(traces), length), dtype=np.int64)
         for i, t in enumerate(traces):
             acquire[i, : len(t)] = gang.acquire.ticks(t.name, len(t), t.gap_s)
+        if gang.reserved_s is not None:  # the optimum, knowing the draws, asks the faster pool
+            reserved = round(gang.margin_s(traces[0].gap_s) / traces[0].gap_s)
+            acquire = np.minimum(acquire, reserved)
     costs = omniscient_costs(avail, job, prices, acquire)
     od_cost = setting.work_h * setting.on_demand_price * setting.nodes
     return [

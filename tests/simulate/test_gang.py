@@ -114,6 +114,26 @@ def test_on_demand_waits_for_its_nodes_and_the_safety_net_keeps_the_margin(tmp_p
     assert safety_net(tight, _obs(kept), Decision(Capacity.SPOT, "spot_up")).rule == "spot_up"
 
 
+def test_a_late_open_pool_escalates_to_the_reserved_pool_in_time(tmp_path: Path) -> None:
+    tr = load_trace(_counts_file(tmp_path, [0] * 100), nodes=4)
+    late = Acquire(12 * GAP)  # the open pool's nodes take an hour, past any margin kept
+    job = _job(dl_h=3.0, acquire_s=4 * GAP)
+    assert not replay(get_policy("greedy"), tr, job, gang=Gang(acquire=late)).met
+    # a reservation brings the gang up in one tick: the launch asks the open pool, then the
+    # reserved one at the last look that still meets the deadline, and the job is on time
+    pool = Gang(acquire=late, reserved_s=GAP)
+    assert pool.margin_s(GAP) == GAP
+    kept = replace(job, acquire_s=pool.margin_s(GAP))
+    r = replay(get_policy("greedy"), tr, kept, gang=pool)
+    assert r.met and r.row()["escalations"] == 1
+    assert r.finished_h <= 3.0
+    # a pool on time is never escalated; the optimum may use the reservation too
+    soon = replay(get_policy("greedy"), tr, kept, gang=Gang(acquire=Acquire(GAP), reserved_s=GAP))
+    assert soon.met and soon.row()["escalations"] == 0
+    with pytest.raises(ConfigError, match="reserved"):
+        Gang(reserved_s=-1.0)
+
+
 def _obs(job: JobSpec):
     from airflow_spot.policy import Observation
 
@@ -143,12 +163,13 @@ def _windows(tmp_path: Path, count: int = 12):
     return random_windows(tr, count, int(20 * HOUR / GAP), seed=1)
 
 
-@pytest.mark.parametrize("observe", ["cluster", "oracle"])
+@pytest.mark.parametrize(("observe", "reserved"), [("cluster", None), ("oracle", None),
+                                                   ("cluster", GAP)])  # fmt: skip
 def test_gang_replay_is_the_same_with_fast_forward_and_ledger_or_not(
-    tmp_path: Path, observe: str
+    tmp_path: Path, observe: str, reserved: float | None
 ) -> None:
-    gang = Gang(acquire=Acquire(20 * 60.0, 5 * 60.0, seed=2))
-    job = _job(work_h=8.0, dl_h=14.0, acquire_s=1200.0)
+    gang = Gang(acquire=Acquire(20 * 60.0, 5 * 60.0, seed=2), reserved_s=reserved)
+    job = _job(work_h=8.0, dl_h=14.0, acquire_s=gang.margin_s(GAP))
     for w in _windows(tmp_path, 6):
         for name in ("greedy", "uniform_progress", "deadline_aware"):
             slow = replay(get_policy(name), w, job, observe=observe, gang=gang, fast=False)
@@ -158,9 +179,9 @@ def test_gang_replay_is_the_same_with_fast_forward_and_ledger_or_not(
 
 
 def test_the_optimum_bounds_every_policy_under_the_same_gang_costs(tmp_path: Path) -> None:
-    gang = Gang(acquire=Acquire(20 * 60.0, 5 * 60.0, seed=2))
+    gang = Gang(acquire=Acquire(20 * 60.0, 5 * 60.0, seed=2), reserved_s=GAP)
     ws = _windows(tmp_path)
-    s = Setting(8.0, 14.0, 600 / HOUR, 0.9731, 3.06, nodes=4, acquire_s=1200.0)
+    s = Setting(8.0, 14.0, 600 / HOUR, 0.9731, 3.06, nodes=4, acquire_s=GAP)
     rows = sweep(ws, ["greedy", "uniform_progress", "omniscient"], [s], workers=1, gang=gang)
     best = {r["trace"]: r["cost"] for r in rows if r["policy"] == "omniscient"}
     for r in rows:
@@ -192,6 +213,14 @@ def test_simulate_replays_a_gang_from_the_command_line(tmp_path: Path, capsys) -
     assert "misses" in capsys.readouterr().out
     assert main([*base, "--nodes", "4", "--acquire-median", "5m"]) == 2
     assert "--acquire-median: needs --acquire" in capsys.readouterr().err
+    assert main([*base, "--nodes", "4", "--reserved", "5m"]) == 2
+    assert "--reserved: needs --acquire" in capsys.readouterr().err
+    kept = tmp_path / "kept.json"
+    assert main([*base, "--nodes", "4", "--acquire", "20m", "--acquire-median", "5m",
+                 "--reserved", "5m", "--json", str(kept)]) == 0  # fmt: skip
+    assert all(
+        "escalations" in r for r in json.loads(kept.read_text()) if r["policy"] != "omniscient"
+    )
     one = tmp_path / "one.json"
     assert main([*base, "--nodes", "1", "--json", str(one)]) == 0  # no gang: today's rows
     assert all("nodes" not in r for r in json.loads(one.read_text()))
