@@ -2,10 +2,12 @@
 
 Segments that run at the same time as others (capacity a probe found and the job did not use;
 a spot attempt launching while on-demand trains on, a make-before-break return) go on a lane
-of their own below the main bar (:func:`lanes`); the UI's SVG draws the same lanes."""
+of their own below the main bar (:func:`lanes`); the UI's SVG draws the same lanes. A gang's
+ranks get a lane each (:func:`rank_lanes`: the UI draws them under the job's bar)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,106 @@ def lanes(segs: list[dict[str, Any]]) -> list[int]:
         ends[lane] = float(s.get("end_s") or start)
         out[i] = lane
     return out
+
+
+# how a gang's rank ended in an attempt, as the backend records it in the attempt's ``ranks``
+# (backends/local/gang.py, backends/kubernetes/gang_ranks.py): "preempted" (its node was
+# taken: the gang's preemption), "infra_disruption" or "spot_unavailable" (its node lost
+# otherwise, on Kubernetes), "stopped" (stopped with the gang), "failed" (the gang's first
+# failure), "succeeded", "pending" (never placed); the UI adds "running" (the live attempt:
+# no ranks recorded yet) and None (not recorded)
+NODE_LOST = ("preempted", "infra_disruption", "spot_unavailable")
+CAUSES = (*NODE_LOST, "failed")  # a rank whose end was the gang's verdict
+HELD = ("launching", "running")  # the phases in which an attempt holds its nodes
+
+
+def gang_size(summary: dict[str, Any]) -> int:
+    """The job's ranks: the summary's ``nodes`` (a gang's; 1 when absent), or more where an
+    attempt recorded a higher rank."""
+    seen = [
+        r.get("rank")
+        for a in summary.get("attempts") or []
+        if isinstance(a, dict)
+        for r in a.get("ranks") or []
+        if isinstance(r, dict)
+    ]
+    top = max((k + 1 for k in seen if isinstance(k, int) and k >= 0), default=0)
+    nodes = summary.get("nodes")
+    return max(nodes if isinstance(nodes, int) and nodes > 0 else 1, top)
+
+
+def rank_lanes(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """A gang's timeline, one lane a rank (rank 0..N-1); [] for one node. Each lane is
+    ``{"rank": k, "segments": [...]}``: the segments in which an attempt held its nodes
+    (changeover and running; not idle, not a probe's capacity), each with the ``attempt``, its
+    ``capacity``, ``phase``, ``start_s``, ``end_s`` (an attempt's pieces at price changes
+    joined), how this rank ended in that attempt (``outcome``, ``exit_code``), whether that end
+    was the gang's verdict (``cause``: its node was taken or lost, or it failed first), the
+    attempt's ``attempt_outcome``, ``last`` (the attempt's last segment: where its end is
+    drawn) and ``sub`` (0; 1 for a segment at the same time as another of the rank's, as a
+    make-before-break return's)."""
+    n = gang_size(summary)
+    if n <= 1:
+        return []
+    attempts = {a.get("attempt"): a for a in summary.get("attempts") or [] if isinstance(a, dict)}
+    held = _merged(
+        s
+        for s in summary.get("segments") or []
+        if isinstance(s, dict) and s.get("phase") in HELD and s.get("attempt")
+    )
+    ends: dict[Any, float] = {}
+    for s in held:
+        ends[s["attempt"]] = max(ends.get(s["attempt"], float("-inf")), _end(s))
+    out = []
+    for k in range(n):
+        segs = [_rank_segment(s, attempts.get(s["attempt"]), k, ends) for s in held]
+        for seg, sub in zip(segs, lanes(segs), strict=True):
+            seg["sub"] = min(sub, 1)
+        out.append({"rank": k, "segments": segs})
+    return out
+
+
+def _merged(segs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The segments with an attempt's pieces at price changes joined (one run, one rect a
+    rank: a long run on spot has a piece an hour)."""
+    out: list[dict[str, Any]] = []
+    for s in segs:
+        p = out[-1] if out else None
+        key = ("attempt", "capacity", "phase")
+        if p is not None and all(p.get(k) == s.get(k) for k in key) and _end(p) == s.get("start_s"):
+            out[-1] = {**p, "end_s": s.get("end_s")}
+        else:
+            out.append(s)
+    return out
+
+
+def _rank_segment(
+    s: dict[str, Any], a: dict[str, Any] | None, k: int, ends: dict[Any, float]
+) -> dict[str, Any]:
+    mine = next(
+        (r for r in (a or {}).get("ranks") or [] if isinstance(r, dict) and r.get("rank") == k),
+        None,
+    )
+    if mine is not None:
+        outcome, code = mine.get("outcome"), mine.get("exit_code")
+    else:  # the live attempt has recorded no ranks yet; an older or bounded summary, none
+        outcome, code = ("running" if a is not None and a.get("end_h") is None else None), None
+    return {
+        "attempt": s["attempt"],
+        "capacity": s.get("capacity"),
+        "phase": s.get("phase"),
+        "start_s": s.get("start_s"),
+        "end_s": s.get("end_s"),
+        "outcome": outcome,
+        "exit_code": code,
+        "cause": outcome in CAUSES,
+        "attempt_outcome": (a or {}).get("outcome"),
+        "last": _end(s) >= ends[s["attempt"]],
+    }
+
+
+def _end(s: dict[str, Any]) -> float:
+    return float(s.get("end_s") or s.get("start_s") or 0.0)
 
 
 def plot_timeline(summary: dict[str, Any], out: Path, title: str = "spot training run") -> Path:

@@ -14,7 +14,18 @@ from fastapi.responses import HTMLResponse
 from pydantic import BeforeValidator
 
 from airflow_spot.plugins.data import _iso, load_one, load_rows, signal_text
-from airflow_spot.timeline import COLORS, LABELS, OVERLAP_LABEL, PROBE, color, lanes
+from airflow_spot.plugins.ranks import LEGEND_ROW, block_height, ranks_legend, ranks_svg
+from airflow_spot.timeline import (
+    COLORS,
+    LABELS,
+    NODE_LOST,
+    OVERLAP_LABEL,
+    PROBE,
+    color,
+    gang_size,
+    lanes,
+    rank_lanes,
+)
 
 app = FastAPI(title="Spot training", dependencies=[Depends(get_user)])
 
@@ -71,6 +82,30 @@ def run(
     session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: MapIndex = -1
 ) -> dict[str, Any]:
     """The whole persisted state of one task instance: attempts, ledger, decisions."""
+    return _state(session, dag_id, run_id, task_id, map_index)
+
+
+@app.get("/api/timeline", dependencies=CAN_READ_TI)
+def timeline_data(
+    session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: MapIndex = -1
+) -> dict[str, Any]:
+    """What the timeline draws, as data: ``nodes`` (the gang's size, 1 for one node), each
+    segment with its ``lane`` (0 the main bar, 1.. the lanes below it), and ``ranks``: for a
+    gang one lane a rank, rank 0..N-1, with its segments and how it ended in each attempt
+    (:func:`airflow_spot.timeline.rank_lanes`); empty for one node."""
+    state = _state(session, dag_id, run_id, task_id, map_index)
+    summary = state.get("finished") or state.get("snapshot") or {}
+    segs = [s for s in summary.get("segments") or [] if isinstance(s, dict)]
+    return {
+        "nodes": gang_size(summary),
+        "segments": [{**s, "lane": k} for s, k in zip(segs, lanes(segs), strict=True)],
+        "ranks": rank_lanes(summary),
+    }
+
+
+def _state(
+    session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: int
+) -> dict[str, Any]:
     state = load_one(session, dag_id, run_id, task_id, map_index)
     if state is None:
         raise HTTPException(
@@ -93,6 +128,7 @@ td.l,th.l{text-align:left}.ok{color:#2b8a3e}.bad{color:#c92a2a}</style></head><b
 const f = (x, d=2) => x == null ? "" : Number(x).toFixed(d);
 const e = s => String(s ?? "").replace(/[&<>"']/g, c => "&#" + c.charCodeAt(0) + ";");
 const mi = x => Number.isInteger(x.map_index) && x.map_index >= 0 ? String(x.map_index) : "-";
+const gang = x => x.nodes > 1 ? ` <span class="gang">(gang of ${Number(x.nodes)})</span>` : "";
 const met = x => x.deadline_met == null ? "" : (x.deadline_met ? '<span class="ok">yes</span>' : '<span class="bad">no</span>');
 async function load() {
   const dag = document.getElementById("dag").value;
@@ -100,7 +136,7 @@ async function load() {
   if (!r.ok) { document.getElementById("stamp").textContent = "HTTP " + r.status; return; }
   const rows = await r.json();
   document.getElementById("rows").innerHTML = rows.map(x => `<tr>
-    <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}</td><td class="map">${mi(x)}</td><td class="l">${e(x.state)}</td>
+    <td class="l">${e(x.dag_id)}</td><td class="l">${e(x.run_id)}</td><td class="l">${e(x.task_id)}${gang(x)}</td><td class="map">${mi(x)}</td><td class="l">${e(x.state)}</td>
     <td class="l ${x.now == "failed" || x.now.startsWith("stopped") ? "bad" : ""}">${e(x.now)}</td><td>${x.progress == null ? "" : f(x.progress, 1) + " %"}</td><td class="l">${e(x.deadline)}</td><td class="l">${met(x)}</td>
     <td>${f(x.estimated_finish_hours)}</td><td>${f(x.spot_hours)}</td><td>${f(x.on_demand_hours)}</td><td>${f(x.idle_hours)}</td>
     <td>$${f(x.cost)}</td><td class="${x.savings > 0 ? "ok" : "bad"}">${x.savings == null ? "" : f(100 * x.savings, 1) + " %"}</td><td>${Number(x.preemptions)}</td>
@@ -121,11 +157,14 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     """Segments (spot, on-demand, changeover, idle), preemption marks, checkpoints, the progress
     curve and the deadline line, in market hours. Segments at the same time as the main bar's
     (capacity a probe found and did not use, a spot attempt launching while on-demand trains
-    on) get lanes below it; on-demand's make-before-break overlap is hatched; a legend ends it."""
+    on) get lanes below it; on-demand's make-before-break overlap is hatched; a gang's ranks get
+    a lane each under those (:mod:`.ranks`); a legend ends it."""
     summary = state.get("finished") or state.get("snapshot") or {}
     segs = [s for s in summary.get("segments") or [] if isinstance(s, dict)]
     lane = lanes(segs)
-    extra = LANE_H * max(lane, default=0)  # room for the lanes below the main bar
+    ranks = rank_lanes(summary)
+    below = 34 + LANE_H * max(lane, default=0)  # the bottom of the lanes below the main bar
+    extra = below - 34 + block_height(len(ranks))  # room for those lanes and the ranks'
     deadline = summary.get("deadline_hours") or 1.0
     end = max([deadline] + [_h(s, "end_s") for s in segs])
     work = max(
@@ -135,7 +174,7 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     )
     x = lambda h: 40 + (width - 60) * h / end  # noqa: E731
     y = lambda w: 190 + extra - 140 * w / work  # noqa: E731
-    height = 240 + extra
+    height = 240 + extra + (LEGEND_ROW if ranks else 0)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" font-size="11">',
@@ -177,8 +216,10 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
         if s.get("ended_by") == "preempted":
             parts.append(
                 f'<path class="preemption" d="M{x1:.1f},{top - 2} l-5,-7 h10 z" fill="#c92a2a">'
-                f"<title>preempted at {_h(s, 'end_s'):.2f} h</title></path>"
+                f"<title>preempted at {_h(s, 'end_s'):.2f} h{_taken(summary, s)}</title></path>"
             )
+    if ranks:
+        parts.append(ranks_svg(ranks, x, below, width))
     main = sorted((s for s, k in zip(segs, lane, strict=True) if k == 0), key=_start)
     pts = " ".join(  # the job's own progress (a probe's capacity makes none)
         f"{x(_h(s, 'start_s')):.1f},{y(_h(s, 'progress_start_s')):.1f} "
@@ -209,6 +250,8 @@ def timeline_svg(state: dict[str, Any], width: int = 900) -> str:
     )
     parts.append(f'<text x="{width - 20}" y="{215 + extra}" text-anchor="end">{end:.1f} h</text>')
     parts.append(_legend(230 + extra))
+    if ranks:
+        parts.append(ranks_legend(230 + extra + LEGEND_ROW))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -253,6 +296,17 @@ def _legend(top: int) -> str:
     return "".join(out)
 
 
+def _taken(summary: dict[str, Any], seg: dict[str, Any]) -> str:
+    """A gang's preemption mark says whose nodes were taken ("" for one node)."""
+    a: dict[str, Any] = next(
+        (a for a in summary.get("attempts") or [] if a.get("attempt") == seg.get("attempt")), {}
+    )
+    taken = [r.get("rank") for r in a.get("ranks") or [] if r.get("outcome") in NODE_LOST]
+    if len(taken) == 1:
+        return f": rank {taken[0]} lost its node"
+    return f": ranks {', '.join(map(str, taken))} lost their nodes" if taken else ""
+
+
 def _h(s: dict[str, Any], key: str) -> float:
     """A segment's time (seconds) in hours (0 where a stored segment lacks it)."""
     v = s.get(key)
@@ -268,11 +322,7 @@ def timeline(
     session: SessionDep, dag_id: str, run_id: str, task_id: str, map_index: MapIndex = -1
 ) -> str:
     """One task instance: timeline, figures and decision log; refreshes itself while it runs."""
-    state = load_one(session, dag_id, run_id, task_id, map_index)
-    if state is None:
-        raise HTTPException(
-            404, f"no spot training state for {dag_id}/{run_id}/{task_id}[{map_index}]"
-        )
+    state = _state(session, dag_id, run_id, task_id, map_index)
     summary = state.get("finished") or state.get("snapshot") or {}
     refresh = (
         ""
@@ -302,7 +352,7 @@ def timeline(
         f"deadline {html.escape(_iso(state.get('deadline_at')) or '?')}: "
         + _verdict(state, summary)
     )
-    spot = _spot_figures(state, summary)
+    spot = _spot_figures(state, summary) + _gang_figures(summary)
     mapped = f" [{map_index}]" if map_index >= 0 else ""
     return (
         f'<!doctype html><html><head><meta charset="utf-8">{refresh}<title>Spot timeline</title>'
@@ -325,6 +375,18 @@ def _spot_figures(state: dict[str, Any], summary: dict[str, Any]) -> str:
     out.append(f"probes <b>{int(probes or 0)}</b> (${float(summary.get('probe_cost') or 0):.2f})")
     out.append(f"make-before-break overlap {float(summary.get('overlap_hours') or 0):.2f} h")
     return ", ".join(out)
+
+
+def _gang_figures(summary: dict[str, Any]) -> str:
+    """A gang's size and node-hours (the hours above are the gang's, each billed per node)."""
+    n = gang_size(summary)
+    if n <= 1:
+        return ""
+    hours = summary.get("node_hours") or {}
+    return (
+        f", gang of <b>{n}</b> ranks (a lane each below the bar), node-hours: spot "
+        f"{float(hours.get('spot') or 0):.2f}, on-demand {float(hours.get('on_demand') or 0):.2f}"
+    )
 
 
 def _pct(share: float | None) -> str:

@@ -6,6 +6,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_spot.timeline import gang_size
+
 STATE_KEY = (
     "airflow_spot_job"  # the key SpotTrainingOperator writes (kept here to avoid importing it)
 )
@@ -34,6 +36,7 @@ def row(
         "run_id": run_id,
         "task_id": task_id,
         "map_index": map_index,
+        "nodes": gang_size(summary),  # a gang's ranks (its timeline has a lane a rank); 1
         "state": ti_state,
         "progress": round(100 * step / total, 1) if total else None,
         "deadline": _iso(state.get("deadline_at")),

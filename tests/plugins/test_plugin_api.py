@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +43,43 @@ def finished_run(tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
+def gang_run(finished_run) -> tuple[str, str, str]:
+    """A gang's task state beside the finished run's (task ``train_gang`` of the same DAG run):
+    the state `make demo-gang` stored for its 4 ranks (tests/fixtures/gang)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete, select
+
+    from airflow_spot.plugins.data import STATE_KEY
+
+    dag_id, run_id = finished_run
+    state = (Path(__file__).parents[1] / "fixtures" / "gang" / "demo_gang_state.json").read_text()
+    with create_session() as session:
+        dr = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        ).one()
+        session.execute(
+            delete(TaskStateStoreModel).where(
+                TaskStateStoreModel.dag_run_id == dr.id,
+                TaskStateStoreModel.task_id == "train_gang",
+            )
+        )
+        session.add(
+            TaskStateStoreModel(
+                dag_run_id=dr.id,
+                task_id="train_gang",
+                map_index=-1,
+                key=STATE_KEY,
+                dag_id=dag_id,
+                run_id=run_id,
+                value=state,
+            )
+        )
+    return dag_id, run_id, "train_gang"
+
+
+@pytest.fixture(scope="module")
 def client():
     from airflow.api_fastapi.app import create_app
     from fastapi.testclient import TestClient
@@ -69,6 +107,7 @@ def test_unauthenticated_requests_get_401(client) -> None:
         "/spot-training/api/runs",
         "/spot-training/page",
         "/spot-training/timeline?dag_id=a&run_id=b&task_id=c",
+        "/spot-training/api/timeline?dag_id=a&run_id=b&task_id=c",
     ):
         assert client.get(path).status_code == 401, path
 
@@ -78,7 +117,7 @@ def test_runs_table_and_timeline_show_the_run(client, finished_run) -> None:
     dag_id, run_id = finished_run
     headers = _token(client)
     rows = client.get("/spot-training/api/runs", params={"dag_id": dag_id}, headers=headers).json()
-    row = next(r for r in rows if r["run_id"] == run_id)
+    row = next(r for r in rows if r["run_id"] == run_id and r["task_id"] == "train")
     state = client.get(
         "/spot-training/api/run",
         params={"dag_id": dag_id, "run_id": run_id, "task_id": "train"},
@@ -124,11 +163,59 @@ def test_a_user_sees_only_the_dags_they_may_read(client, finished_run, monkeypat
     )
     rows = client.get("/spot-training/api/runs", headers=headers).json()
     assert all(r["dag_id"] != dag_id for r in rows)
-    for path in ("/spot-training/api/run", "/spot-training/timeline"):
+    for path in (
+        "/spot-training/api/run",
+        "/spot-training/timeline",
+        "/spot-training/api/timeline",
+    ):
         got = client.get(
             path, params={"dag_id": dag_id, "run_id": run_id, "task_id": "train"}, headers=headers
         )
         assert got.status_code == 403, (path, got.status_code)
+
+
+def test_the_timeline_api_returns_a_lane_per_rank(client, finished_run, gang_run) -> None:
+    """``api/timeline`` returns what the timeline draws: for the gang, its 4 ranks' lanes with
+    each rank's end per attempt; for the job of one node, no rank lanes, each segment with its
+    lane; the runs table's rows say how many nodes."""
+    from airflow_spot.timeline import lanes, rank_lanes
+
+    headers = _token(client)
+    dag_id, run_id, gang_task = gang_run
+    ids = {"dag_id": dag_id, "run_id": run_id}
+    got = client.get(
+        "/spot-training/api/timeline", params={**ids, "task_id": gang_task}, headers=headers
+    )
+    assert got.status_code == 200, got.text
+    data = got.json()
+    state = client.get(
+        "/spot-training/api/run", params={**ids, "task_id": gang_task}, headers=headers
+    ).json()
+    summary = state["finished"]
+    assert data["nodes"] == 4 and [lane["rank"] for lane in data["ranks"]] == [0, 1, 2, 3]
+    assert data["ranks"] == rank_lanes(summary)
+    ends = {
+        (s["attempt"], lane["rank"]): s["outcome"]
+        for lane in data["ranks"]
+        for s in lane["segments"]
+        if s["last"]
+    }
+    assert ends == {
+        (a["attempt"], r["rank"]): r["outcome"] for a in summary["attempts"] for r in a["ranks"]
+    }
+    assert {k for k, v in ends.items() if v == "preempted"} == {(1, 3), (2, 0), (2, 3)}
+    one = client.get(
+        "/spot-training/api/timeline", params={**ids, "task_id": "train"}, headers=headers
+    ).json()
+    single = client.get(
+        "/spot-training/api/run", params={**ids, "task_id": "train"}, headers=headers
+    ).json()
+    segs = single["finished"]["segments"]
+    assert one["nodes"] == 1 and one["ranks"] == []
+    assert one["segments"] == [{**s, "lane": k} for s, k in zip(segs, lanes(segs), strict=True)]
+    rows = client.get("/spot-training/api/runs", params={"dag_id": dag_id}, headers=headers).json()
+    nodes = {r["task_id"]: r["nodes"] for r in rows if r["run_id"] == run_id}
+    assert nodes == {"train": 1, "train_gang": 4}
 
 
 def test_plugin_registers_page_tab_and_link(client, monkeypatch) -> None:
@@ -219,9 +306,10 @@ CHROMIUM_FLAGS = [
 ]
 
 
-def test_page_renders_in_a_browser(finished_run, tmp_path) -> None:
+def test_page_renders_in_a_browser(finished_run, gang_run, tmp_path) -> None:
     """A real API server with the plugin on 127.0.0.1 and headless Chromium: the table and the
-    timeline render with the run's figures; screenshots go to test-artifacts/."""
+    timeline render with the run's figures, and a gang's timeline with a lane per rank;
+    screenshots go to test-artifacts/."""
     import os
     import shutil
     import signal
@@ -265,12 +353,14 @@ def test_page_renders_in_a_browser(finished_run, tmp_path) -> None:
         page = f"{base}/spot-training/page?dag_id={dag_id}"
         from urllib.parse import urlencode
 
-        tl = f"{base}/spot-training/timeline?" + urlencode(
-            {"dag_id": dag_id, "run_id": run_id, "task_id": "train"}
+        tl, gang = (
+            f"{base}/spot-training/timeline?"
+            + urlencode({"dag_id": dag_id, "run_id": run_id, "task_id": task})
+            for task in ("train", gang_run[2])
         )
-        # on a loaded machine the first request loads the plugin (seconds): wait for both
+        # on a loaded machine the first request loads the plugin (seconds): wait for the
         # pages here, so the browser's fixed virtual-time budget is not spent waiting for it
-        for url in (page, tl):
+        for url in (page, tl, gang):
             while True:
                 try:
                     with urllib.request.urlopen(url, timeout=30) as r:
@@ -306,13 +396,29 @@ def test_page_renders_in_a_browser(finished_run, tmp_path) -> None:
                     break
             return dom
 
-        dom = dump(page, "c1", run_id, "task instances, updated", '<td class="map">-</td>')
+        gang_row = 'train_gang <span class="gang">(gang of 4)</span>'
+        dom = dump(
+            page, "c1", run_id, "task instances, updated", '<td class="map">-</td>', gang_row
+        )
         assert run_id in dom and "timeline" in dom
         assert "task instances, updated" in dom  # the table was filled by the page's own fetch
         assert '<td class="map">-</td>' in dom  # the map-index column of a task not mapped
+        assert dom.count(gang_row) == 1 and "(gang of 1)" not in dom  # one node: no mark
         tdom = dump(tl, "c2", 'class="preemption"', 'id="decisions"')
         assert 'class="preemption"' in tdom and 'id="decisions"' in tdom
-        for name, url in (("spot_training_page.png", page), ("spot_timeline.png", tl)):
+        assert 'class="rank-' not in tdom  # a job of one node has no rank lanes
+        gdom = dump(gang, "c3", 'class="rank-label"', 'id="decisions"')
+        labels = re.findall(r'<text class="rank-label"[^>]*>([^<]*)</text>', gdom)
+        assert labels == ["rank 0", "rank 1", "rank 2", "rank 3"], gdom[-3000:]
+        taken = re.findall(r'class="rank-end preempted" data-rank="(\d)" data-attempt="(\d)"', gdom)
+        assert sorted(taken) == [("0", "2"), ("3", "1"), ("3", "2")]
+        assert gdom.count('class="rank-end stopped"') == 5
+        shots = (
+            ("spot_training_page.png", page),
+            ("spot_timeline.png", tl),
+            ("spot_timeline_gang.png", gang),
+        )
+        for name, url in shots:
             subprocess.run(
                 [
                     chromium,
@@ -721,7 +827,7 @@ def test_the_runs_table_has_a_map_index_column(client) -> None:
     assert names[names.index("task") + 1] == "map index"
     template = re.search(r"rows\.map\(x => `(.*?)`\)\.join", page, re.S).group(1)
     assert template.count("<td") == len(names)
-    assert '<td class="l">${e(x.task_id)}</td><td class="map">${mi(x)}</td>' in template
+    assert '<td class="l">${e(x.task_id)}${gang(x)}</td><td class="map">${mi(x)}</td>' in template
     assert (
         'const mi = x => Number.isInteger(x.map_index) && x.map_index >= 0 ? String(x.map_index) : "-";'
         in page
