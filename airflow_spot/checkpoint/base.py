@@ -1,17 +1,18 @@
 """What every checkpoint store shares: the :class:`Store` protocol, the key rule (relative
 paths of plain parts, never escaping the prefix), temporary names for unfinished writes,
-chunked hashing, and a missing key as a CheckpointError. No Airflow import, no boto3.
+and a missing key as a CheckpointError. No Airflow import, no boto3.
 
 A store maps keys (``/``-separated relative paths) to bytes. Keys never escape the
 configured prefix: absolute keys, ``..`` and empty parts are refused. Large checkpoint files
 go through files, never whole in memory: ``put_file``/``get_file`` stream, ``stat`` reads
-only metadata, and ``digest`` hashes in chunks.
+only metadata, and ``digest`` hashes in chunks. A store may also offer the one-pass
+transfers (:class:`OnePass`): ``put_file_hashed``/``get_file_hashed`` hash the bytes as they
+cross, and return the digest, so a save or a resume reads each byte once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import secrets
@@ -19,21 +20,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
+from airflow_spot.checkpoint.hashing import CHUNK, file_digest
 from airflow_spot.exceptions import CheckpointError
 
 _PART = re.compile(r"^[A-Za-z0-9._-]+$")
-CHUNK = 1 << 20  # bytes read at a time when hashing
 TMP_PREFIX = ".airflow-spot-tmp."  # unfinished writes: never listed, swept by retention
-
-
-def file_digest(path: str | os.PathLike[str]) -> tuple[str, int]:
-    """sha256 (hex) and size of a local file, read in chunks."""
-    h, n = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
+__all__ = [
+    "CHUNK",
+    "TMP_PREFIX",
+    "OnePass",
+    "Store",
+    "error_code",
+    "file_digest",
+    "must_exist",
+    "safe_key",
+    "tmp_beside",
+]
 
 
 def safe_key(key: str) -> str:
@@ -63,6 +65,19 @@ class Store(Protocol):
     def stat(self, key: str) -> tuple[int, str]: ...
     def digest(self, key: str) -> tuple[str, int]: ...
     def discard_partial(self, prefix: str, below: str) -> None: ...
+
+
+class OnePass(Protocol):
+    """What a store that hashes on the way offers (the local and S3 stores): the bytes are
+    read once, hashed in ``algo`` as they are written, and the digest and size returned."""
+
+    def put_file_hashed(
+        self, key: str, path: str | os.PathLike[str], algo: str
+    ) -> tuple[str, int]: ...
+    def get_file_hashed(
+        self, key: str, path: str | os.PathLike[str], algo: str
+    ) -> tuple[str, int]: ...
+    def digest(self, key: str, algo: str = ...) -> tuple[str, int]: ...
 
 
 def tmp_beside(path: Path) -> Path:

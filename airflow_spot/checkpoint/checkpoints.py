@@ -1,11 +1,14 @@
-"""Checkpoints: data files first, then a manifest naming them with their sha256 and size.
+"""Checkpoints: data files first, then a manifest naming them with their digest and size.
 
 A checkpoint exists only once its manifest does, and is *valid* only if every file it names
 is present with that hash and size. ``latest_valid()`` walks from the newest manifest back
 and skips torn or corrupt checkpoints with a warning; it never returns one.
 
-A file may be given as bytes or as a local path; a path is hashed and uploaded in chunks
-(multi-GB model files never sit in memory). The manifest also records each file's tag as the
+A file may be given as bytes or as a local path; a path is copied or uploaded in chunks and
+hashed on the way, in one pass (multi-GB model files never sit in memory, and are read once),
+and a resume hashes what it downloads as it writes it. The files of a checkpoint are written
+(and read back) several at a time. New manifests hash with BLAKE3 where it is installed
+(:mod:`.hashing`); sha256 manifests read as before. The manifest also records each file's tag as the
 store wrote it (S3's ETag; inode and mtime on disk). ``hash_up_to`` lets a watcher that only
 needs to know a checkpoint is whole (the operator, the sensor) check a bigger file by its size
 and tag, which a HEAD gives, and hash it only if the tag differs (the files were copied, or
@@ -14,18 +17,19 @@ written again); the training process, which loads the files, hashes them all.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from airflow_spot.checkpoint.base import Store, file_digest, safe_key
+from airflow_spot.checkpoint.hashing import SHA256, available, digest_bytes, save_algorithm
 from airflow_spot.checkpoint.manifest import (
     MANIFEST,
     OWNER,
@@ -40,6 +44,23 @@ from airflow_spot.exceptions import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FILES_AT_ONCE = 4  # files of a checkpoint written (or read back) at the same time
+
+
+def _each_at_once(names: Iterable[str], work: Callable[[str], T]) -> dict[str, T]:
+    """``work`` on every name, ``FILES_AT_ONCE`` at a time: the answers by name, or the
+    first name's error (in the given order) once all have stopped (none is left writing)."""
+    names = list(names)
+    if len(names) == 1:
+        return {names[0]: work(names[0])}
+    with ThreadPoolExecutor(min(len(names), FILES_AT_ONCE), "checkpoint-file") as pool:
+        futures = {name: pool.submit(work, name) for name in names}
+        for f in futures.values():
+            if f.exception() is not None:
+                for other in futures.values():
+                    other.cancel()
+                break
+    return {name: f.result() for name, f in futures.items()}
 
 
 class Checkpoints:
@@ -70,8 +91,8 @@ class Checkpoints:
         world_size: int = 1,
     ) -> Manifest:
         """Write ``files`` for ``step``, then the manifest; then apply retention. A file is
-        bytes or the path of a local file (streamed: hashed, then uploaded in parts), which
-        must not change until this returns. A location that takes no writes (full, read-only,
+        bytes or the path of a local file (streamed, and hashed on the way), which must
+        not change until this returns; several files are written at once. A location that takes no writes (full, read-only,
         permission denied) raises :class:`~.writable.LocationUnwritable`; the checkpoints
         saved before stay as they were."""
         if not files:
@@ -80,26 +101,17 @@ class Checkpoints:
             safe_key(name)
             if any(other.startswith(name + "/") for other in files):
                 raise CheckpointError(f"{name}: is both a file and a folder of this checkpoint")
-        base = checkpoint_name(step)
-        entries, tags = {}, {}
-        for name, data in files.items():
-            key = f"{base}/{name}"
-            if isinstance(data, (bytes, bytearray, memoryview)):
-                data = bytes(data)
-                with writing(self.store):
-                    self.store.put(key, data)
-                entries[name] = FileEntry(hashlib.sha256(data).hexdigest(), len(data))
-            elif isinstance(data, os.PathLike):
-                entries[name] = self._put_path(name, key, data)
-            else:
+            if not isinstance(files[name], (bytes, bytearray, memoryview, os.PathLike)):
                 raise CheckpointError(
                     f"{name}: a checkpoint file is bytes or a pathlib.Path, not "
-                    f"{type(data).__name__}; give Path(...) for a file on disk, or bytes "
-                    "(text.encode()) for its content"
+                    f"{type(files[name]).__name__}; give Path(...) for a file on disk, or "
+                    "bytes (text.encode()) for its content"
                 )
-            size, tags[name] = self.store.stat(key)
-            if size != entries[name].size:
-                raise CheckpointError(f"{key}: {size} bytes stored of {entries[name].size} written")
+        base = checkpoint_name(step)
+        algo = self._save_algorithm()
+        written = _each_at_once(files, lambda name: self._put(base, name, files[name], algo))
+        entries = {name: entry for name, (entry, _) in written.items()}
+        tags = {name: tag for name, (_, tag) in written.items()}
         manifest = Manifest(
             step,
             total_steps,
@@ -116,8 +128,29 @@ class Checkpoints:
         self._retain(base)
         return manifest
 
-    def _put_path(self, name: str, key: str, path: os.PathLike[str]) -> FileEntry:
-        """Hash a local file, then store it; refused if it changed in between."""
+    def _save_algorithm(self) -> str:
+        """BLAKE3 or sha256 (:func:`.hashing.save_algorithm`) where the store hashes on the
+        way; sha256 for any other store (its ``digest`` knows nothing else)."""
+        return save_algorithm() if hasattr(self.store, "put_file_hashed") else SHA256
+
+    def _put(self, base: str, name: str, data: Any, algo: str) -> tuple[FileEntry, str]:
+        """Store one file of a checkpoint: its entry, and the tag the store gave it."""
+        key = f"{base}/{name}"
+        if isinstance(data, os.PathLike):
+            entry = self._put_path(name, key, data, algo)
+        else:
+            data = bytes(data)
+            with writing(self.store):
+                self.store.put(key, data)
+            entry = FileEntry(digest_bytes(data, algo), len(data), algo)
+        size, tag = self.store.stat(key)
+        if size != entry.size:
+            raise CheckpointError(f"{key}: {size} bytes stored of {entry.size} written")
+        return entry, tag
+
+    def _put_path(self, name: str, key: str, path: os.PathLike[str], algo: str) -> FileEntry:
+        """Store a local file, hashing it on the way (or first, where the store cannot);
+        refused if it changed meanwhile."""
         try:
             before = os.stat(path)
         except FileNotFoundError as e:
@@ -127,9 +160,12 @@ class Checkpoints:
             ) from e
         if not stat.S_ISREG(before.st_mode):
             raise CheckpointError(f"{name}: {os.fspath(path)} is not a file")
-        sha, size = file_digest(path)
         with writing(self.store):
-            self.store.put_file(key, path)
+            if hasattr(self.store, "put_file_hashed"):
+                digest, size = self.store.put_file_hashed(key, path, algo)
+            else:
+                digest, size = file_digest(path, algo)
+                self.store.put_file(key, path)
         after = os.stat(path)
         if not (
             before.st_size == size == after.st_size and before.st_mtime_ns == after.st_mtime_ns
@@ -139,7 +175,7 @@ class Checkpoints:
                 "completely before returning it to step_done, and leave it alone until "
                 "step_done returns"
             )
-        return FileEntry(sha, size)
+        return FileEntry(digest, size, algo)
 
     def manifests(self) -> list[str]:
         """Checkpoint names that have a manifest, newest (highest step) first."""
@@ -163,14 +199,24 @@ class Checkpoints:
         """Raise CheckpointError unless every file of ``m`` is as the save wrote it."""
         for fname, entry in m.files.items():
             key = f"{m.name}/{fname}"
-            if self.hash_up_to is not None and entry.size > self.hash_up_to:
+            # a watcher without the manifest's hash (no blake3 here) goes by the tag alone
+            by_tag = self.hash_up_to is not None and (
+                entry.size > self.hash_up_to or not available(entry.algo)
+            )
+            if by_tag:
                 size, tag = self.store.stat(key)
                 if size != entry.size:
                     raise CheckpointError(f"{key}: size differs from the manifest")
                 if tag == m.tags.get(fname):
                     continue  # the very object the save wrote: no need to download it
-            if self.store.digest(key) != (entry.sha256, entry.size):
-                raise CheckpointError(f"{key}: size or sha256 differs from the manifest")
+            if self._digest(key, entry.algo) != (entry.digest, entry.size):
+                raise CheckpointError(f"{key}: size or {entry.algo} differs from the manifest")
+
+    def _digest(self, key: str, algo: str) -> tuple[str, int]:
+        """A stored file's digest in ``algo`` (sha256 through any store's ``digest``)."""
+        if algo == SHA256:
+            return self.store.digest(key)
+        return self.store.digest(key, algo)  # type: ignore[call-arg]  # a OnePass store
 
     def latest_valid(self) -> Manifest | None:
         """The newest complete checkpoint whose files match their hashes (None if there is none)."""
@@ -210,8 +256,10 @@ class Checkpoints:
         out = {}
         for fname, entry in manifest.files.items():
             data = self.store.get(f"{manifest.name}/{fname}")
-            if hashlib.sha256(data).hexdigest() != entry.sha256:
-                raise CheckpointError(f"{manifest.name}/{fname}: sha256 differs from the manifest")
+            if digest_bytes(data, entry.algo) != entry.digest:
+                raise CheckpointError(
+                    f"{manifest.name}/{fname}: {entry.algo} differs from the manifest"
+                )
             out[fname] = data
         return out
 
@@ -232,13 +280,7 @@ class Checkpoints:
                 f"cannot write into {root} ({e}); give a folder the training process can write",
             ) from e
         try:
-            for fname, entry in manifest.files.items():
-                path = stage / safe_key(fname)
-                self.store.get_file(f"{manifest.name}/{fname}", path)
-                if file_digest(path) != (entry.sha256, entry.size):
-                    raise CheckpointError(
-                        f"{manifest.name}/{fname}: size or sha256 differs from the manifest"
-                    )
+            _each_at_once(manifest.files, lambda fname: self._get_to(manifest, fname, stage))
             out = {}
             for fname in manifest.files:
                 out[fname] = root / fname
@@ -247,6 +289,21 @@ class Checkpoints:
             return out
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+
+    def _get_to(self, manifest: Manifest, fname: str, stage: Path) -> None:
+        """Download one file into ``stage``, hashing it on the way, and check it."""
+        key, path, entry = (
+            f"{manifest.name}/{fname}",
+            stage / safe_key(fname),
+            manifest.files[fname],
+        )
+        if hasattr(self.store, "get_file_hashed"):
+            got = self.store.get_file_hashed(key, path, entry.algo)
+        else:
+            self.store.get_file(key, path)
+            got = file_digest(path, entry.algo)
+        if got != (entry.digest, entry.size):
+            raise CheckpointError(f"{key}: size or {entry.algo} differs from the manifest")
 
     def load_latest(self) -> tuple[Manifest, dict[str, bytes]] | None:
         """The newest checkpoint whose files load whole, with its files (read once)."""

@@ -1,4 +1,5 @@
-"""A checkpoint's manifest: the files it names, each with its sha256, size and store tag.
+"""A checkpoint's manifest: the files it names, each with its digest (BLAKE3 or sha256: the
+entry names which), size and store tag.
 
 It is written after the data, so a checkpoint exists only once its manifest does;
 :class:`~airflow_spot.checkpoint.checkpoints.Checkpoints` saves, finds and verifies them."""
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_spot.checkpoint.base import safe_key
+from airflow_spot.checkpoint.hashing import ALGORITHMS, SHA256
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
@@ -23,8 +25,27 @@ RESUME_STAGE = ".airflow-spot-resume."  # resume_to's staging folder inside the 
 
 @dataclass(frozen=True)
 class FileEntry:
-    sha256: str
+    """A file's digest in ``algo`` and its size; written ``{algo: digest, "size": size}``,
+    which for sha256 is every manifest's form before BLAKE3."""
+
+    digest: str
     size: int
+    algo: str = SHA256
+
+    @property
+    def sha256(self) -> str | None:
+        """The sha256 (None for an entry hashed otherwise)."""
+        return self.digest if self.algo == SHA256 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {self.algo: self.digest, "size": self.size}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FileEntry:
+        algos = [a for a in ALGORITHMS if a in d]
+        if len(algos) != 1 or set(d) != {algos[0], "size"}:
+            raise ValueError(f"a file entry is {{one of {list(ALGORITHMS)}, 'size'}}, not {d}")
+        return cls(str(d[algos[0]]), int(d["size"]), algos[0])
 
 
 @dataclass(frozen=True)
@@ -52,6 +73,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         d = asdict(self)
+        d["files"] = {k: e.to_dict() for k, e in self.files.items()}
         if d["world_size"] == 1:  # one process: written as before gangs (older readers, digests)
             del d["world_size"]
         return json.dumps(d, sort_keys=True).encode()
@@ -59,7 +81,7 @@ class Manifest:
     @classmethod
     def from_json(cls, raw: bytes) -> Manifest:
         d = json.loads(raw)
-        files = {safe_key(k): FileEntry(**v) for k, v in d["files"].items()}
+        files = {safe_key(k): FileEntry.from_dict(v) for k, v in d["files"].items()}
         return cls(
             int(d["step"]),
             d.get("total_steps"),

@@ -1,19 +1,21 @@
 """A checkpoint store in S3 (or an S3-compatible service) through boto3, imported only when
-a store is used: big files go up and down in parts, a passing error (5xx, throttling, a cut
-connection) is retried for a while, and the errors a user fixes (no credentials, no such
-bucket) are a ConfigError naming ``checkpoint_uri`` and the fix."""
+a store is used: big files go up and down in concurrent parts, hashed on the way
+(:mod:`.s3parts`), a passing error (5xx, throttling, a cut connection) is retried for a
+while, and the errors a user fixes (no credentials, no such bucket) are a ConfigError naming
+``checkpoint_uri`` and the fix."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import random
 import time
 from pathlib import Path
 
+from airflow_spot.checkpoint import s3parts
 from airflow_spot.checkpoint.base import CHUNK, error_code, must_exist, safe_key, tmp_beside
+from airflow_spot.checkpoint.hashing import SHA256, new_hasher
 from airflow_spot.exceptions import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,14 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self._client = client
+        self._parts: s3parts.Parts | None = None  # the part size, concurrency and slots
+
+    @property
+    def parts(self) -> s3parts.Parts:
+        """Read from the environment at the first transfer (a bad value: a ConfigError)."""
+        if self._parts is None:
+            self._parts = s3parts.Parts(s3parts.Tuning.from_env())
+        return self._parts
 
     @property
     def client(self):
@@ -183,6 +193,30 @@ class S3Store:
         self.client.upload_file(
             os.fspath(path), self.bucket, self._key(key), Config=self._transfer()
         )
+
+    @_named
+    def put_file_hashed(self, key: str, path: str | os.PathLike[str], algo: str) -> tuple[str, int]:
+        """Upload a local file in concurrent parts, hashing it as it is read (one pass)."""
+        return s3parts.upload(
+            self.client, self.bucket, self._key(key), os.fspath(path), algo, self.parts
+        )
+
+    @_named
+    def get_file_hashed(self, key: str, path: str | os.PathLike[str], algo: str) -> tuple[str, int]:
+        """Download ``key`` to a local file in concurrent ranges, hashing it on the way
+        (written beside it, then renamed); each try starts a fresh file."""
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_beside(dest)
+        try:
+            with must_exist(self.uri, key), open(tmp, "xb") as fh:
+                got = s3parts.download(
+                    self.client, self.bucket, self._key(key), fh.fileno(), algo, self.parts
+                )
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return got
 
     @_named
     def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
@@ -237,10 +271,10 @@ class S3Store:
             )
 
     @_named
-    def digest(self, key: str) -> tuple[str, int]:
+    def digest(self, key: str, algo: str = SHA256) -> tuple[str, int]:
         with must_exist(self.uri, key):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        h, n = hashlib.sha256(), 0
+        h, n = new_hasher(algo), 0
         for chunk in body.iter_chunks(CHUNK):
             h.update(chunk)
             n += len(chunk)

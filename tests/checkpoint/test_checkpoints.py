@@ -18,6 +18,7 @@ import pytest
 from airflow_spot.checkpoint import Checkpoints, LocalStore, open_store
 from airflow_spot.checkpoint.training import TrainingSession
 from airflow_spot.exceptions import CheckpointError, ConfigError
+from airflow_spot.testing import MemoryStore
 
 
 def _ckpts(tmp_path: Path, keep: int = 3) -> Checkpoints:
@@ -335,7 +336,7 @@ def test_a_watcher_reads_a_big_file_only_when_its_tag_changed(tmp_path: Path, mo
     store = LocalStore(tmp_path / "c")
     hashed: list[str] = []
     digest = store.digest
-    monkeypatch.setattr(store, "digest", lambda key: hashed.append(key) or digest(key))
+    monkeypatch.setattr(store, "digest", lambda key, *a: hashed.append(key) or digest(key, *a))
     watcher = Checkpoints(store, hash_up_to=100)
     assert watcher.latest_valid().step == 10
     assert hashed == ["ckpt-000000000010/small"]  # the big one was not read
@@ -350,26 +351,36 @@ def test_a_watcher_reads_a_big_file_only_when_its_tag_changed(tmp_path: Path, mo
     assert Checkpoints(store, hash_up_to=100).latest_valid() is None
 
 
-def test_a_file_changed_while_it_is_saved_or_a_name_both_file_and_folder_is_refused(
-    tmp_path: Path, monkeypatch
-) -> None:
-    """A model file rewritten between the hash and the copy would leave a manifest that does
-    not match; the save is refused naming the file. A name that is also a folder of another
-    file is refused before anything is written."""
-    from airflow_spot.checkpoint import local
+class _Rewriting(LocalStore):
+    """A local store (one pass: hashed as copied) whose copy meets a file rewritten."""
 
+    def put_file_hashed(self, key, path, algo):
+        Path(path).write_bytes(b"b" * 100)
+        return super().put_file_hashed(key, path, algo)
+
+
+class _RewritingMemory(MemoryStore):
+    """A store without one-pass copies: hashed first, then copied; rewritten in between."""
+
+    def put_file(self, key, path):
+        Path(path).write_bytes(b"b" * 100)
+        super().put_file(key, path)
+
+
+@pytest.mark.parametrize("store", [_Rewriting, _RewritingMemory])
+def test_a_file_changed_while_it_is_saved_or_a_name_both_file_and_folder_is_refused(
+    tmp_path: Path, store: type
+) -> None:
+    """A model file rewritten while it is copied (one pass) or between the hash and the copy
+    (two) would leave a manifest that does not match the file the user meant; the save is
+    refused naming the file. A name that is also a folder of another file is refused before
+    anything is written."""
     model = tmp_path / "model.pt"
     model.write_bytes(b"a" * 100)
-    put_file = LocalStore.put_file
-
-    def rewrite_then_put(self, key, path):
-        Path(path).write_bytes(b"b" * 100)
-        put_file(self, key, path)
-
-    monkeypatch.setattr(local.LocalStore, "put_file", rewrite_then_put)
+    c = Checkpoints(store(tmp_path / "c") if store is _Rewriting else store())
     with pytest.raises(CheckpointError, match="model.pt: .* changed while it was being saved"):
-        _ckpts(tmp_path).save(1, {"model.pt": model}, now=0)
-    assert _ckpts(tmp_path).manifests() == []
+        c.save(1, {"model.pt": model, "other.pt": b"o"}, now=0)
+    assert c.manifests() == []
     with pytest.raises(CheckpointError, match="a: is both a file and a folder"):
         _ckpts(tmp_path).save(2, {"a": b"1", "a/b": b"2"}, now=0)
 

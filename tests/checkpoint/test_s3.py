@@ -281,3 +281,102 @@ def test_a_role_without_multipart_listing_is_told_once(caplog) -> None:
             store.discard_partial("ckpt-", "ckpt-000000000003")  # no call: the stub has none
     said = [r for r in caplog.records if "s3:ListBucketMultipartUploads" in r.getMessage()]
     assert len(said) == 1
+
+
+def _parts_env(monkeypatch, part_mb: int = 5, concurrency: int = 3) -> None:
+    monkeypatch.setenv("AIRFLOW_SPOT_S3_PART_MB", str(part_mb))  # S3's smallest part
+    monkeypatch.setenv("AIRFLOW_SPOT_S3_CONCURRENCY", str(concurrency))
+
+
+def test_concurrent_parts_arriving_out_of_order_hash_in_order(
+    s3_server, tmp_path: Path, monkeypatch
+) -> None:
+    """A file goes up in concurrent parts and comes down in concurrent ranges, hashed as it
+    crosses; with the second part held back so that later ones finish first, both ways,
+    the digest is still that of the file, and a resume never reads it again."""
+    import time
+
+    from airflow_spot.checkpoint import checkpoints
+    from airflow_spot.checkpoint.hashing import file_digest
+    from airflow_spot.checkpoint.training import TrainingSession
+
+    _parts_env(monkeypatch)
+    model = tmp_path / "model.pt"
+    model.write_bytes(os.urandom((21 << 20) + 7))  # 5 parts, the last one short
+    held: list[str] = []
+
+    def hold_second(params, model, **kw) -> None:
+        if params.get("PartNumber") == 2 or str(params.get("Range", "")).startswith(
+            f"bytes={5 << 20}-"
+        ):
+            held.append(model.name)
+            time.sleep(0.4)
+
+    s = TrainingSession("s3://spot-ckpt/parts", total_steps=10, save_every=5)
+    s.checkpoints.store.client.meta.events.register("provide-client-params.s3.*", hold_second)
+    saved = s.step_done(5, lambda: {"model.pt": model})
+    assert (saved.files["model.pt"].digest, saved.files["model.pt"].size) == file_digest(
+        model, saved.files["model.pt"].algo
+    )
+    head = boto3.client("s3").head_object(
+        Bucket="spot-ckpt", Key="parts/ckpt-000000000005/model.pt"
+    )
+    assert head["ETag"].endswith('-5"')  # five parts
+    monkeypatch.setattr(checkpoints, "file_digest", lambda *a: pytest.fail("read twice"))
+    r = TrainingSession("s3://spot-ckpt/parts", total_steps=10)
+    r.checkpoints.store.client.meta.events.register("provide-client-params.s3.*", hold_second)
+    step, files = r.resume_to(tmp_path / "in")
+    assert step == 5 and files["model.pt"].read_bytes() == model.read_bytes()
+    assert held == ["UploadPart", "GetObject"]
+
+
+def test_a_corrupt_object_or_a_failed_part_never_makes_a_checkpoint(
+    s3_server, tmp_path: Path, monkeypatch
+) -> None:
+    """An object replaced by other bytes of the same size is skipped on resume (concurrent
+    ranges); a part that fails for good fails the save: no manifest, the upload aborted
+    (nothing left billed), and the checkpoint before is the one resumed."""
+    from botocore.exceptions import ClientError
+
+    from airflow_spot.checkpoint.training import TrainingSession
+
+    _parts_env(monkeypatch)
+    model = tmp_path / "model.pt"
+    model.write_bytes(os.urandom(12 << 20))
+    c = Checkpoints(open_store("s3://spot-ckpt/bad-parts"), keep=5)
+    c.save(1, {"model.pt": model}, now=1)
+    c.save(2, {"model.pt": model}, now=2)
+    other = os.urandom(12 << 20)
+    boto3.client("s3").put_object(
+        Bucket="spot-ckpt", Key="bad-parts/ckpt-000000000002/model.pt", Body=other
+    )
+
+    def deny_part_3(params, **kw) -> None:
+        if params.get("PartNumber") == 3:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "UploadPart")
+
+    c.store.client.meta.events.register("provide-client-params.s3.UploadPart", deny_part_3)
+    with pytest.raises(CheckpointError, match="AccessDenied"):
+        c.save(3, {"model.pt": model}, now=3)
+    assert c.manifests() == ["ckpt-000000000002", "ckpt-000000000001"]
+    uploads = boto3.client("s3").list_multipart_uploads(Bucket="spot-ckpt", Prefix="bad-parts/")
+    assert uploads.get("Uploads", []) == []
+    step, files = TrainingSession("s3://spot-ckpt/bad-parts", total_steps=5).resume_to(
+        tmp_path / "in"
+    )
+    assert step == 1 and files["model.pt"].read_bytes() == model.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("AIRFLOW_SPOT_S3_PART_MB", "4"), ("AIRFLOW_SPOT_S3_CONCURRENCY", "many")],
+)
+def test_a_bad_part_size_or_concurrency_names_the_variable(
+    s3_server, tmp_path: Path, monkeypatch, name: str, value: str
+) -> None:
+    from airflow_spot.exceptions import ConfigError
+
+    monkeypatch.setenv(name, value)
+    (tmp_path / "m").write_bytes(b"m")
+    with pytest.raises(ConfigError, match=f"{name}: {value!r}: give a whole number from"):
+        Checkpoints(open_store("s3://spot-ckpt/bad-env")).save(1, {"m": tmp_path / "m"}, now=0)

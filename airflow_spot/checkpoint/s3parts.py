@@ -1,0 +1,286 @@
+"""S3 transfers in concurrent parts that hash the bytes as they cross, for the S3 store.
+
+An upload reads the file once, in order, into part buffers; each part is hashed, then sent
+by one of ``concurrency`` threads while the next ones are read. A download asks for ranges
+concurrently, writes each where it belongs, and hashes them in order as they arrive. So a
+save or a resume moves each byte through memory once, with at most a few parts held: the
+parts in flight are bounded per store (:class:`Parts`), across every file it moves at once.
+
+Defaults (measured, see ``benchmarks/checkpoint_io.py``): 8 MiB parts, 4 at a time;
+``$AIRFLOW_SPOT_S3_PART_MB`` and ``$AIRFLOW_SPOT_S3_CONCURRENCY`` change them. A server
+whose ranged GETs cost the whole object (moto does) wants ``AIRFLOW_SPOT_S3_CONCURRENCY=1``:
+one streamed GET per file. Called through :class:`~.s3.S3Store`, which retries and names
+errors; boto3 is the caller's client.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_spot.checkpoint.base import error_code
+from airflow_spot.checkpoint.hashing import CHUNK, new_hasher
+from airflow_spot.exceptions import CheckpointError, ConfigError
+
+PART_ENV = "AIRFLOW_SPOT_S3_PART_MB"
+CONCURRENCY_ENV = "AIRFLOW_SPOT_S3_CONCURRENCY"
+PART_MB = 8
+CONCURRENCY = 4
+MAX_PARTS = 10_000  # S3's limit per upload: a bigger file gets bigger parts
+MIN_PART_MB, MAX_PART_MB = 5, 5 * 1024  # S3's bounds on a part (but the last)
+
+
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ConfigError(name, f"{raw!r}: give a whole number from {low} to {high} (or unset it)")
+    return value
+
+
+@dataclass(frozen=True)
+class Tuning:
+    part: int  # bytes
+    concurrency: int
+
+    @classmethod
+    def from_env(cls) -> Tuning:
+        mb = _env_int(PART_ENV, PART_MB, MIN_PART_MB, MAX_PART_MB)
+        return cls(mb << 20, _env_int(CONCURRENCY_ENV, CONCURRENCY, 1, 64))
+
+    def part_for(self, size: int) -> int:
+        """The part size for a ``size``-byte file: at most 10,000 parts, in whole MiB."""
+        least = -(-size // MAX_PARTS)
+        return max(self.part, -(-least // (1 << 20)) << 20)
+
+
+class Parts:
+    """The parts a store holds in memory at once, shared by every file it moves: each part
+    takes a slot from being read (or asked for) until it is sent (or hashed). One slot more
+    than the concurrency: the next part is read while the others are in flight."""
+
+    def __init__(self, tuning: Tuning) -> None:
+        self.tuning = tuning
+        self.slots = threading.BoundedSemaphore(tuning.concurrency + 1)
+        self._spare: list[bytearray] = []  # buffers of parts sent, to read the next ones into
+        self._lock = threading.Lock()
+
+    def buffer(self, size: int) -> bytearray:
+        """A part buffer of ``size`` bytes (taken with a slot: never more than the slots)."""
+        with self._lock:
+            while self._spare:
+                buf = self._spare.pop()
+                if len(buf) == size:
+                    return buf
+        return bytearray(size)
+
+    def give_back(self, buf: bytearray) -> None:
+        with self._lock:
+            self._spare.append(buf)
+
+    def drop_spare(self) -> None:
+        """Free the spare buffers (a trainer holds no part between saves)."""
+        with self._lock:
+            self._spare.clear()
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        with self.slots:
+            yield
+
+
+def upload(
+    client: Any, bucket: str, key: str, path: str, algo: str, parts: Parts
+) -> tuple[str, int]:
+    """Upload ``path`` (in parts above the part size), hashing what is sent: (digest, size)."""
+    h = new_hasher(algo)
+    with open(path, "rb", buffering=0) as src:
+        size = os.fstat(src.fileno()).st_size
+        part = parts.tuning.part_for(size)
+        if size <= part:  # one PUT, holding a part's slot like any part
+            with parts.slot():
+                data = src.read()
+                h.update(data)
+                client.put_object(Bucket=bucket, Key=key, Body=data)
+            return h.hexdigest(), len(data)
+        extra = _checksum_args(client)
+        up = client.create_multipart_upload(Bucket=bucket, Key=key, **extra)["UploadId"]
+        try:
+            sent, n = _send_parts(
+                client, src, part, h, parts, dict(Bucket=bucket, Key=key, UploadId=up, **extra)
+            )
+            client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=up, MultipartUpload={"Parts": sent}
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # else retention aborts it later
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=up)
+            raise
+        finally:
+            parts.drop_spare()
+    return h.hexdigest(), n
+
+
+def _checksum_args(client: Any) -> dict[str, str]:
+    """CRC32 part checksums where botocore computes them (as boto3's own upload does), so
+    that S3 checks each part and the completion names them."""
+    if getattr(client.meta.config, "request_checksum_calculation", None) == "when_supported":
+        return {"ChecksumAlgorithm": "CRC32"}
+    return {}
+
+
+def _send_parts(
+    client: Any, src: Any, part: int, h: Any, parts: Parts, call: dict[str, Any]
+) -> tuple[list[dict[str, Any]], int]:
+    """Read ``src`` in order into part buffers (hashing each), and send them concurrently."""
+    done: list[Future[dict[str, Any]]] = []
+    n = 0
+
+    def send(number: int, body: bytearray) -> dict[str, Any]:
+        try:
+            got = client.upload_part(PartNumber=number, Body=body, **call)
+        finally:
+            if len(body) == part:
+                parts.give_back(body)  # before the slot: the buffer goes with it
+            parts.slots.release()
+        out = {"PartNumber": number, "ETag": got["ETag"]}
+        if "ChecksumCRC32" in got:
+            out["ChecksumCRC32"] = got["ChecksumCRC32"]
+        return out
+
+    with ThreadPoolExecutor(parts.tuning.concurrency, thread_name_prefix="s3-put") as pool:
+        for number in range(1, MAX_PARTS + 1):
+            parts.slots.acquire()
+            if any(f.done() and f.exception() for f in done):
+                parts.slots.release()
+                break  # a part failed: read no more (its error is raised below)
+            buf = parts.buffer(part)
+            got = src.readinto(buf)
+            if not got:
+                parts.slots.release()
+                break
+            body = buf if got == part else buf[:got]  # the last part: a copy of its size
+            h.update(body)
+            n += got
+            done.append(pool.submit(send, number, body))
+    return [f.result() for f in done], n
+
+
+def download(
+    client: Any, bucket: str, key: str, fd: int, algo: str, parts: Parts
+) -> tuple[str, int]:
+    """Download ``key`` into the open file ``fd`` in concurrent ranges, hashing them in
+    order as they arrive: (digest, size). One streamed GET when the concurrency is 1."""
+    h = new_hasher(algo)
+    part = parts.tuning.part
+    if parts.tuning.concurrency == 1:
+        return _stream(client.get_object(Bucket=bucket, Key=key)["Body"], fd, h)
+    try:
+        first = client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{part - 1}")
+    except Exception as e:
+        if error_code(e) not in ("InvalidRange", "416"):
+            raise
+        return _stream(client.get_object(Bucket=bucket, Key=key)["Body"], fd, h)  # empty
+    size, got = _total_size(first), int(first["ContentLength"])  # all, if the range was ignored
+    for chunk in _write_body(first["Body"], fd, 0, got):
+        h.update(chunk)
+    if size > got:
+
+        def fetch(start: int) -> list[bytes]:
+            end = min(start + part, size) - 1
+            try:
+                body = client.get_object(
+                    Bucket=bucket, Key=key, Range=f"bytes={start}-{end}", IfMatch=first["ETag"]
+                )["Body"]
+            except Exception as e:
+                if error_code(e) in ("PreconditionFailed", "412"):
+                    raise CheckpointError(f"{key}: written again while it was read") from e
+                raise
+            return _write_body(body, fd, start, end - start + 1)
+
+        _in_order(fetch, range(got, size, part), h, parts)
+    return h.hexdigest(), size
+
+
+def _write_body(body: Any, fd: int, start: int, length: int) -> list[bytes]:
+    """A range's body written at ``start`` as it arrives; its chunks, to hash in order."""
+    chunks, at = [], start
+    for chunk in body.iter_chunks(CHUNK):
+        _pwrite(fd, chunk, at)
+        chunks.append(chunk)
+        at += len(chunk)
+    if at - start != length:
+        raise CheckpointError(f"{at - start} bytes came where the range has {length}")
+    return chunks
+
+
+def _in_order(fetch: Callable[[int], list[bytes]], starts: range, h: Any, parts: Parts) -> None:
+    """Run ``fetch`` on every start concurrently and hash the results in order; a slot per
+    part until it is hashed (blocking only while this file holds none: no deadlock between
+    files that share the slots)."""
+    pending: collections.deque[Future[list[bytes]]] = collections.deque()
+    todo = iter(starts)
+    more = True
+    with ThreadPoolExecutor(parts.tuning.concurrency, thread_name_prefix="s3-get") as pool:
+        try:
+            while more or pending:
+                while more and len(pending) < 2 * parts.tuning.concurrency:
+                    if not parts.slots.acquire(blocking=not pending):
+                        break
+                    start = next(todo, None)
+                    if start is None:
+                        parts.slots.release()
+                        more = False
+                        break
+                    pending.append(pool.submit(fetch, start))
+                if not pending:
+                    continue  # nothing was left to ask for
+                oldest = pending.popleft()
+                try:
+                    for chunk in oldest.result():
+                        h.update(chunk)
+                finally:
+                    parts.slots.release()
+        finally:
+            for f in pending:  # an error: the rest are not waited for, their slots returned
+                f.cancel()
+                with contextlib.suppress(Exception):
+                    f.result()
+                parts.slots.release()
+
+
+def _stream(body: Any, fd: int, h: Any) -> tuple[str, int]:
+    """One GET's body into ``fd`` from its start, hashed on the way."""
+    n = 0
+    for chunk in body.iter_chunks(CHUNK):
+        _pwrite(fd, chunk, n)
+        h.update(chunk)
+        n += len(chunk)
+    return h.hexdigest(), n
+
+
+def _pwrite(fd: int, data: bytes, offset: int) -> None:
+    """All of ``data`` at ``offset`` (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        wrote = os.pwrite(fd, view, offset)
+        view, offset = view[wrote:], offset + wrote
+
+
+def _total_size(response: dict[str, Any]) -> int:
+    """The object's size from a ranged GET's ``Content-Range`` (``bytes 0-9/1234``); a
+    server that ignored the range sent it whole."""
+    found = re.fullmatch(r"bytes \d+-\d+/(\d+)", response.get("ContentRange") or "")
+    return int(found.group(1)) if found else int(response["ContentLength"])
