@@ -11,11 +11,6 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# the provider's Airflow settings ([spot_training] in airflow.cfg, or AIRFLOW__SPOT_TRAINING__*)
-CONFIG_SECTION = "spot_training"
-LOCAL_ROOTS_OPTION = "allowed_local_checkpoint_roots"
-LOCAL_ROOTS_DEFAULT = "{AIRFLOW_HOME}/spot_checkpoints"
-
 
 def get_provider_info() -> dict[str, Any]:
     """Provider metadata for Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
@@ -44,6 +39,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_spot.triggers.attempt",
                     "airflow_spot.triggers.local",
+                    "airflow_spot.triggers.milestones",
                     "airflow_spot.triggers.sensors",
                 ],
             }
@@ -58,24 +54,19 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {"integration-name": "Spot training", "python-modules": ["airflow_spot.hooks.aws"]}
         ],
-        "config": {
-            CONFIG_SECTION: {
-                "description": "Settings of the spot training provider (airflow-spot).",
-                "options": {
-                    LOCAL_ROOTS_OPTION: {
-                        "description": "Comma-separated absolute folders that a local (path or "
-                        "file://) ``checkpoint_uri`` must lie inside once rendered, symlinks "
-                        "followed; checked when the task starts. Anyone who may trigger a DAG "
-                        "could otherwise choose, through a templated URI, where the worker writes "
-                        "and deletes checkpoints. ``{AIRFLOW_HOME}`` is replaced by Airflow's "
-                        "home. Empty: no local location at all (s3:// only). S3 URIs are not "
-                        "affected.",
-                        "version_added": __version__,
-                        "type": "string",
-                        "example": "/data/spot-checkpoints,/mnt/shared/ckpt",
-                        "default": LOCAL_ROOTS_DEFAULT,
-                    }
-                },
+        "task-decorators": [
+            {
+                "name": "spot_training",
+                "class-name": "airflow_spot.decorators.spot_training.spot_training_task",
             }
-        },
+        ],
+        # the [spot_training] section (airflow_spot.settings, imported here only: importing
+        # the package stays free of it)
+        "config": _provider_config(),
     }
+
+
+def _provider_config() -> dict[str, Any]:
+    from airflow_spot.settings import provider_config
+
+    return provider_config()

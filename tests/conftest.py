@@ -11,7 +11,7 @@ os.environ.setdefault("AIRFLOW_HOME", str(_HOME / "airflow_home"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
-os.environ.setdefault("AIRFLOW_SPOT_PLAN_CACHE", str(_HOME / "plans"))
+os.environ.setdefault("AIRFLOW__SPOT_TRAINING__PLAN_CACHE", str(_HOME / "plans"))
 # the tests' local checkpoint locations are temporary folders (tmp_path, mkdtemp)
 os.environ.setdefault(
     "AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS",

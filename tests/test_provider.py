@@ -35,23 +35,35 @@ def test_the_provider_declares_its_settings_as_airflow_reads_them(monkeypatch) -
     assert got == f"{AIRFLOW_HOME}/spot_checkpoints"
 
 
-def test_airflow_providers_list_shows_us(tmp_path: Path) -> None:
-    """`airflow providers list` in this environment lists airflow-provider-spot."""
+def test_airflow_lists_the_provider_its_decorator_and_its_settings(tmp_path: Path) -> None:
+    """`airflow providers list` lists airflow-provider-spot, `airflow providers get` its
+    TaskFlow decorator, and `airflow config list` its [spot_training] settings with defaults."""
     exe = Path(sys.executable).with_name("airflow")
     env = {
         "AIRFLOW_HOME": str(tmp_path),
         "PATH": str(exe.parent),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     }
-    r = subprocess.run(
-        [str(exe), "providers", "list", "-o", "plain"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "airflow-provider-spot" in r.stdout
+
+    def airflow(*argv: str) -> str:
+        r = subprocess.run([str(exe), *argv], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+    assert "airflow-provider-spot" in airflow("providers", "list", "-o", "plain")
+    got = airflow("providers", "get", "airflow-provider-spot", "--full", "-o", "yaml")
+    assert "class-name: airflow_spot.decorators.spot_training.spot_training_task" in got
+    assert "name: spot_training" in got
+    listed = airflow("config", "list", "--section", "spot_training", "--show-values")
+    for line in (
+        "default_backend = local",
+        "plan_cache = ",
+        f"allowed_local_checkpoint_roots = {tmp_path}/spot_checkpoints",
+        "kube_api_retry_s = 30",
+        "s3_retry_s = 60",
+        "default_lease = ",
+    ):
+        assert line in listed.splitlines(), listed
 
 
 def test_the_wheel_ships_what_the_package_reads_and_the_demo_dag(tmp_path: Path) -> None:
@@ -107,11 +119,23 @@ def test_the_wheel_ships_what_the_package_reads_and_the_demo_dag(tmp_path: Path)
 
 
 def test_the_demo_dag_shipped_in_the_package_parses() -> None:
-    """The demo's default DAG folder is inside the package, and its DAG imports cleanly."""
+    """The demo's default DAG folder is inside the package, and its DAGs import cleanly: the
+    demo's and the examples' (TaskFlow training, the evaluation scheduled on its model)."""
     from airflow.dag_processing.dagbag import DagBag
 
     from airflow_spot.demo import DAGS
 
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
-    assert list(bag.dags) == ["spot_training_demo"]
+    assert sorted(bag.dags) == [
+        "spot_training_demo",
+        "spot_training_evaluate",
+        "spot_training_taskflow",
+    ]
+    from airflow.sdk import Asset
+
+    train = bag.dags["spot_training_taskflow"].get_task("train_logreg")
+    assert type(train).__name__ == "SpotTrainingDecoratedOperator"
+    assert train.outlets == [Asset("spot_logreg_model")]
+    evaluate = bag.dags["spot_training_evaluate"]
+    assert [a.name for a in evaluate.timetable.asset_condition.objects] == ["spot_logreg_model"]

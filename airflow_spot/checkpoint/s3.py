@@ -17,13 +17,16 @@ from airflow_spot.checkpoint import s3parts
 from airflow_spot.checkpoint.base import CHUNK, error_code, must_exist, safe_key, tmp_beside
 from airflow_spot.checkpoint.hashing import SHA256, new_hasher
 from airflow_spot.exceptions import CheckpointError, ConfigError
+from airflow_spot.settings import S3_RETRY_DEFAULT_S, s3_retry_s
+from airflow_spot.settings import S3_RETRY_ENV as S3_RETRY_ENV  # (tests and chaos import it here)
 
 log = logging.getLogger(__name__)
 CREDENTIALS_WAIT_ENV = "AIRFLOW_SPOT_CREDENTIALS_WAIT_S"  # a trainer's wait for AWS credentials
 MULTIPART_FROM = 64 << 20  # S3: a file above this goes up and down in parts
 SINGLE_PUT_MAX = 5 << 30  # S3: the most one PUT takes (bytes above it go in parts)
-S3_RETRY_ENV = "AIRFLOW_SPOT_S3_RETRY_S"  # how long a passing S3 error is retried
-S3_RETRY_S = 60.0
+# how long a passing S3 error is retried: [spot_training] s3_retry_s (the training process
+# gets it from the operator as $AIRFLOW_SPOT_S3_RETRY_S)
+S3_RETRY_S = S3_RETRY_DEFAULT_S
 S3_RETRY_MAX_WAIT_S = 4.0  # the longest wait between two tries
 # S3 error codes that pass by themselves (5xx and throttling)
 TRANSIENT_CODES = frozenset(
@@ -58,10 +61,11 @@ def _transient(e: BaseException) -> bool:
 
 def _retried(self, method, args, kwargs):
     """``method``, tried again with backoff while it fails with a passing error, for up to
-    ``$AIRFLOW_SPOT_S3_RETRY_S`` seconds (botocore's own retries give up after seconds, and
+    ``[spot_training] s3_retry_s`` seconds (in the training process ``$AIRFLOW_SPOT_S3_RETRY_S``,
+    which the operator sets from it at launch; botocore's own retries give up after seconds, and
     not at all once a body streams): a trainer then rides out S3 throttling or a dropped
     connection instead of exiting 1, and a watcher's look does not fail its task's try."""
-    give_up = time.monotonic() + float(os.environ.get(S3_RETRY_ENV, S3_RETRY_S))
+    give_up = time.monotonic() + s3_retry_s(airflow=not self.training)
     delay = 0.5
     while True:
         try:

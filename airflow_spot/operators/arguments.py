@@ -1,6 +1,8 @@
 """The operator's arguments: what each must be, checked when the DAG is parsed (literal values)
 and again when the task starts (templates and XComArgs, once rendered). Every error names its
-field and the fix."""
+field and the fix. The policy registry, the checkpoint stores and the backend protocol are
+imported by the checks that need them, when an operator is built: importing the operator's
+module (the scheduler and the api-server do, for its extra link) stays cheap."""
 
 from __future__ import annotations
 
@@ -9,11 +11,8 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow_spot.backends.base import RunsGangs
-from airflow_spot.checkpoint.stores import validate_uri
 from airflow_spot.durations import parse_hours
 from airflow_spot.exceptions import ConfigError, finite_number
-from airflow_spot.policy import get_policy
 
 TEMPLATE_FIELDS = ("command", "checkpoint_uri", "deadline")
 PREEMPTION_ACTIONS = ("on_demand", "fail")
@@ -92,6 +91,8 @@ def _check_work(v: dict[str, Any]) -> None:
             raise ConfigError(
                 "checkpoint_uri", f"must be a string (path or URI), got {type(uri).__name__}"
             )
+        from airflow_spot.checkpoint.stores import validate_uri
+
         validate_uri(uri)
     if "expected_compute" in v and not _positive_td(v["expected_compute"]):
         raise ConfigError(
@@ -111,6 +112,8 @@ def _check_work(v: dict[str, Any]) -> None:
                 "policy",
                 f"must be a policy name such as 'deadline_aware', got {v['policy']!r}",
             )
+        from airflow_spot.policy import get_policy
+
         get_policy(v["policy"])
 
 
@@ -143,6 +146,8 @@ def _check_budgets(v: dict[str, Any]) -> None:
 
 def _check_gang(v: dict[str, Any]) -> None:
     """A gang's size (agreeing with the backend's) and its on-demand acquisition time."""
+    from airflow_spot.backends.base import RunsGangs
+
     n, backend = v.get("nodes"), v.get("backend")
     if n is not None and (not _integer(n) or n < 1):
         raise ConfigError("nodes", f"must be an integer >= 1 (the gang's ranks), got {n!r}")

@@ -340,6 +340,7 @@ class LiveAttempt:
             changeover_wall_s=self.args.changeover.total_seconds(),
             market=self.capacity.market_of(pool),
             pool=pool,
+            env=training_env(),
             **({"hold": True} if hold else {}),
             **lease,
         )
@@ -396,6 +397,14 @@ class LiveAttempt:
         )
         prev.ckpt_step_end = latest.step
         prev.step_end = max(prev.step_end or 0, latest.step)
+
+
+def training_env() -> dict[str, str]:
+    """What the training process gets of the provider's settings (it has no Airflow
+    configuration): the S3 retry budget, as ``AIRFLOW_SPOT_S3_RETRY_S``."""
+    from airflow_spot.settings import S3_RETRY_ENV, s3_retry_s
+
+    return {S3_RETRY_ENV: f"{s3_retry_s():g}"}
 
 
 def _where(handle: AttemptHandle) -> str:

@@ -39,11 +39,14 @@ class JobArgs:
     lease_s: float | None = None  # each attempt's lease (None: attempts hold none)
     nodes: int = 1  # the gang's size: every node is billed (the prices above are per node)
     acquire_s: float = 0.0  # wall seconds to get the gang's on-demand nodes (the safety net's)
+    # the attempt returns a result once its last step is saved (``@task.spot_training``): a job
+    # whose work is all checkpointed waits for the attempt's own end instead of stopping it
+    returns: bool = False
 
     @classmethod
     def of(cls, op: Any) -> JobArgs:
         """The rendered arguments of ``op`` (a SpotTrainingOperator), as values."""
-        from airflow_spot.operators.arguments import default_lease
+        from airflow_spot.operators.defaults import lease_s
 
         return cls(
             command=cls.argv(op.command),
@@ -59,9 +62,10 @@ class JobArgs:
             max_failures=op.max_failures,
             decision_interval=op.decision_interval,
             poll_interval=op.poll_interval,
-            lease_s=(op.lease or default_lease(op.decision_interval)).total_seconds(),
+            lease_s=lease_s(op.lease, op.decision_interval, op.poll_interval),
             nodes=gang_size(op.nodes, op.backend),
             acquire_s=op.on_demand_acquire.total_seconds(),
+            returns=bool(op.returns_result),
         )
 
     def to_dict(self) -> dict[str, object]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.operators.arguments import ARGUMENTS, check_arguments
+from airflow_spot.operators.retry import mapped_retries
 
 
 def _checked_partial(cls: type, **kwargs: Any) -> Any:
@@ -21,7 +22,7 @@ def _checked_partial(cls: type, **kwargs: Any) -> Any:
     if isinstance(uri, os.PathLike):
         kwargs["checkpoint_uri"] = os.fspath(uri)
     check_arguments(_partial_given(kwargs), partial=True)
-    made = partial(cls, **kwargs)
+    made = partial(cls, **mapped_retries(kwargs))
     made._expand_called = True  # replaced by the checked one below (no "never mapped" warning)
     return _checked_expand_class()(
         operator_class=made.operator_class, kwargs=made.kwargs, params=made.params

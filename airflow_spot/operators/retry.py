@@ -3,7 +3,7 @@ or a spent budget fails the task at once; a backend error retries (and re-attach
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_spot.exceptions import BackendError, BudgetExhausted, ConfigError
 
@@ -41,3 +41,17 @@ def default_retry_policy():
             ),
         ]
     )
+
+
+def mapped_retries(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A mapped task's arguments with the operator's :data:`DEFAULT_RETRIES` where neither
+    they nor the DAG's ``default_args`` give ``retries``: the scheduler counts a mapped task's
+    tries from them (the operator's ``__init__``, which sets the default, runs only later, in
+    the worker), and Airflow's own default would be 0."""
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    if "retries" in kwargs:
+        return kwargs
+    dag = kwargs.get("dag") or DagContext.get_current()
+    given = {**(getattr(dag, "default_args", None) or {}), **(kwargs.get("default_args") or {})}
+    return kwargs if "retries" in given else {**kwargs, "retries": DEFAULT_RETRIES}

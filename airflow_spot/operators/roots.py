@@ -16,8 +16,9 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from airflow_spot import CONFIG_SECTION, LOCAL_ROOTS_DEFAULT, LOCAL_ROOTS_OPTION
 from airflow_spot.exceptions import ConfigError
+from airflow_spot.settings import CONFIG_SECTION, LOCAL_ROOTS_OPTION
+from airflow_spot.settings import raw as setting
 
 SETTING = f"[{CONFIG_SECTION}] {LOCAL_ROOTS_OPTION}"
 SETTING_ENV = f"AIRFLOW__{CONFIG_SECTION}__{LOCAL_ROOTS_OPTION}".upper()
@@ -26,11 +27,10 @@ SETTING_ENV = f"AIRFLOW__{CONFIG_SECTION}__{LOCAL_ROOTS_OPTION}".upper()
 def allowed_roots() -> list[Path]:
     """The allowed roots, resolved, as Airflow's configuration gives them now (its default:
     ``{AIRFLOW_HOME}/spot_checkpoints``). A relative root is the setting's error."""
-    from airflow.configuration import AIRFLOW_HOME, conf
+    from airflow.configuration import AIRFLOW_HOME
 
-    raw = conf.get(CONFIG_SECTION, LOCAL_ROOTS_OPTION, fallback=LOCAL_ROOTS_DEFAULT)
     roots = []
-    for part in str(raw or "").split(","):
+    for part in setting(LOCAL_ROOTS_OPTION).split(","):
         part = part.strip().replace("{AIRFLOW_HOME}", str(AIRFLOW_HOME))
         if not part:
             continue

@@ -30,6 +30,7 @@ from airflow_spot.operators.arguments import (
     check_arguments,
     resolve_deadline,
 )
+from airflow_spot.operators.defaults import backend_or_default
 from airflow_spot.operators.job import prices_or_reference
 from airflow_spot.operators.links import SpotTimelineLink
 from airflow_spot.operators.mapped import CheckedPartialDescriptor
@@ -82,8 +83,9 @@ class SpotTrainingOperator(BaseOperator):
     :param on_preemption_budget: ``"on_demand"`` (finish on on-demand) or ``"fail"``.
     :param max_failures: application failures (non-zero exit on healthy capacity) tolerated
         before the task fails; preemptions never count here.
-    :param backend: ``"local"`` (the embedded default) or a backend object such as
-        :class:`airflow_spot.backends.local.LocalBackend`.
+    :param backend: ``"local"`` (the embedded backend) or a backend object such as
+        :class:`airflow_spot.backends.local.LocalBackend`; default: the provider setting
+        ``[spot_training] default_backend`` (``local`` unless set).
     :param decision_interval: how often to decide again when nothing happens.
     :param poll_interval: seconds between looks at the attempt (in the trigger while deferred,
         in the worker otherwise), and before looking again while a reclaim verdict is due.
@@ -95,7 +97,8 @@ class SpotTrainingOperator(BaseOperator):
         as a success of the same try. ``timedelta(0)`` turns both off.
     :param lease: how long an attempt trains on unwatched (a failed try, a dead triggerer):
         past it, with nobody renewing it, the attempt checkpoints and stops by itself; the
-        next try resumes from there. Default: 3 ``decision_interval``, at least 5 minutes.
+        next try resumes from there. Default: the provider setting ``[spot_training]
+        default_lease``, else 3 ``decision_interval``, at least 5 minutes.
     :param aws_conn_id: the Airflow AWS connection the operator reads an ``s3://``
         ``checkpoint_uri`` with (``None``: boto3's own environment of the worker). The training
         process writes with its own credentials: the worker's environment for the local
@@ -104,6 +107,7 @@ class SpotTrainingOperator(BaseOperator):
 
     template_fields: Sequence[str] = TEMPLATE_FIELDS
     ui_color = "#ffd8a8"
+    returns_result = False  # the attempt returns a value for the XCom (@task.spot_training)
     operator_extra_links = (SpotTimelineLink(),)
 
     def __init__(
@@ -121,7 +125,7 @@ class SpotTrainingOperator(BaseOperator):
         max_preemptions: int | None = None,
         on_preemption_budget: str = "on_demand",
         max_failures: int = 2,
-        backend: str | Backend = "local",
+        backend: str | Backend | None = None,
         decision_interval: timedelta = timedelta(seconds=60),
         poll_interval: float = 5.0,
         deferrable: bool = True,
@@ -132,7 +136,7 @@ class SpotTrainingOperator(BaseOperator):
         on_demand_acquire: timedelta = timedelta(0),
         **kwargs: Any,
     ) -> None:
-        if "retry_policy" not in kwargs:
+        if kwargs.get("retry_policy") is None:  # (a mapped instance is built with None)
             kwargs["retry_policy"] = default_retry_policy()
         if "retries" not in kwargs and "retries" not in (kwargs.get("default_args") or {}):
             kwargs["retries"] = DEFAULT_RETRIES  # spent on the orchestration's errors only
@@ -153,7 +157,7 @@ class SpotTrainingOperator(BaseOperator):
         self.max_preemptions = max_preemptions
         self.on_preemption_budget = on_preemption_budget
         self.max_failures = max_failures
-        self.backend = backend
+        self.backend = backend_or_default(backend)
         self.decision_interval = decision_interval
         self.poll_interval = poll_interval
         self.deferrable = deferrable
@@ -203,9 +207,11 @@ class SpotTrainingOperator(BaseOperator):
             from airflow_spot.operators.start import resumed_state
 
             state = resumed_state(raw, context["ti"].try_number, time.time(), self.log)
-        elif raw and raw.get("finished"):
+        elif raw and raw.get("finished"):  # a later try: the same job (and model event) again
+            from airflow_spot.operators.finish import report_again
             from airflow_spot.operators.start import finished_again
 
+            store.set(STATE_KEY, report_again(context, raw, self.checkpoint_store(), self))
             return finished_again(raw, str(self.checkpoint_uri), self.log)
         else:
             # a bad deadline fails before a location is claimed or a failed job set aside
@@ -368,6 +374,7 @@ class SpotTrainingOperator(BaseOperator):
         attempts a dead worker launched unrecorded (not for a job replacing one set aside)."""
         from airflow.sdk.exceptions import AirflowTaskTimeout
 
+        from airflow_spot.operators.finish import job_done
         from airflow_spot.operators.start import defer_timeout
         from airflow_spot.operators.summary import xcom_summary
 
@@ -381,6 +388,8 @@ class SpotTrainingOperator(BaseOperator):
         while True:
             try:  # (TaskDeferred is a BaseException: deferring passes through)
                 result = turn.advance(time.time(), event)
+                if result.done:  # the job's end as Airflow sees it: result, Asset events
+                    job_done(context, state, result.summary, turn.checkpoints.store, self)
                 store.set(STATE_KEY, state.to_dict())
                 if result.done:
                     return xcom_summary(result.summary or {})

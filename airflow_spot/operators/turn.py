@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from airflow_spot.operators.job import MIN_STEPS_FOR_RATE, JobArgs, Progress, Ta
 from airflow_spot.operators.summary import Report
 from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
 from airflow_spot.policy.model import SpotView, observe
+from airflow_spot.settings import plan_cache
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Turn:
         # (the task state store takes nothing else: a settings tuple becomes a list)
         state.backend, state.args = json.loads(json.dumps([backend.to_dict(), args.to_dict()]))
         # a deferred task resumes in a new process: its plans are kept on disk
-        self.policy = get_policy(args.policy, plan_cache=plan_cache_dir())
+        self.policy = get_policy(args.policy, plan_cache=plan_cache())
 
     # -- one turn ---------------------------------------------------------------------------
     def advance(self, now: float, event: SpotEvent | None) -> StepResult:
@@ -97,6 +97,8 @@ class Turn:
         self.capacity.track_price(now, self.args.spot_price)
         decision, job, obs = self.decide(now, view)
         if decision.rule == "done":  # the progress reports say all the work is done
+            if self.args.returns and st.live is not None:  # its function returns after it:
+                return StepResult(False, wake_at=now + self.args.poll_interval)  # let it end
             done = self._complete(now)
             if done is not None:
                 return StepResult(True, summary=done)
@@ -421,16 +423,6 @@ def spot_signal_text(obs: Observation) -> str:
         return "unknown (never seen)"
     was = "up" if obs.spot_seen else "down"
     return f"unknown for {obs.spot_unseen_s / HOUR:.2f} h ({was} when last seen{src})"
-
-
-def plan_cache_dir() -> str:
-    """The folder deadline_aware keeps its plans in: ``$AIRFLOW_SPOT_PLAN_CACHE``, else
-    ``$XDG_CACHE_HOME/airflow-spot/plans`` (``~/.cache`` without it)."""
-    return os.environ.get("AIRFLOW_SPOT_PLAN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-        "airflow-spot",
-        "plans",
-    )
 
 
 def _dur(seconds: float) -> str:

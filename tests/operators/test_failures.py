@@ -438,17 +438,21 @@ def test_a_save_longer_than_the_preemption_grace_is_warned_about_once(
 
 
 def test_the_turn_hands_its_policy_the_plan_cache_folder(tmp_path: Path, monkeypatch) -> None:
-    """The plan cache folder is the operator's to read (``$AIRFLOW_SPOT_PLAN_CACHE``, else the
-    XDG cache); the policy gets it as an argument (the pure core reads no environment)."""
+    """The plan cache folder is the operator's to read (the setting ``[spot_training]
+    plan_cache``, its earlier ``$AIRFLOW_SPOT_PLAN_CACHE`` winning where set, else the XDG
+    cache); the policy gets it as an argument (the pure core reads no environment)."""
     from airflow_spot.jobstate import JobState
-    from airflow_spot.operators.turn import plan_cache_dir
+    from airflow_spot.settings import plan_cache
     from airflow_spot.testing import FileTaskStateStore, make_context
 
     monkeypatch.setenv("AIRFLOW_SPOT_PLAN_CACHE", str(tmp_path / "plans"))
-    assert plan_cache_dir() == str(tmp_path / "plans")
+    monkeypatch.setenv("AIRFLOW__SPOT_TRAINING__PLAN_CACHE", str(tmp_path / "setting"))
+    assert plan_cache() == str(tmp_path / "plans")
     monkeypatch.delenv("AIRFLOW_SPOT_PLAN_CACHE")
+    assert plan_cache() == str(tmp_path / "setting")
+    monkeypatch.delenv("AIRFLOW__SPOT_TRAINING__PLAN_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert plan_cache_dir() == str(tmp_path / "xdg" / "airflow-spot" / "plans")
+    assert plan_cache() == str(tmp_path / "xdg" / "airflow-spot" / "plans")
     st = JobState(started_at=time.time(), deadline_at=time.time() + 3600)
     turn = _op(tmp_path, timedelta(hours=1)).turn(
         st, make_context(FileTaskStateStore(tmp_path / "s"))

@@ -3,8 +3,9 @@
 An API server that answered before and now answers ``429``, ``500``, ``502``, ``503`` or
 ``504``, or drops the connection (a rolling restart of the control plane, a load balancer
 going away, etcd leader election), is retried with backoff (0.2 s, doubling to 2 s, a 429's
-``Retry-After`` honoured) for up to ``AIRFLOW_SPOT_KUBE_RETRY_S`` seconds (default 30) from
-the first failure of that call, each retry logged. Without it a few seconds of API trouble
+``Retry-After`` honoured) for up to the provider setting ``[spot_training] kube_api_retry_s``
+seconds (default 30; the earlier ``AIRFLOW_SPOT_KUBE_RETRY_S`` still wins where set) from the
+first failure of that call, each retry logged. Without it a few seconds of API trouble
 failed the task's try, and a second blip within the retry delay failed the next one too
 (found by ``benchmarks/chaos.py``: four tries spent by three 2-6 s fault windows).
 
@@ -23,17 +24,16 @@ its launch stamp (:func:`created_by_us`).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_spot.exceptions import ConfigError, finite_number
+from airflow_spot.settings import BY_NAME, kube_api_retry_s
 
 log = logging.getLogger(__name__)
 
-RETRY_ENV = "AIRFLOW_SPOT_KUBE_RETRY_S"
-DEFAULT_RETRY_S = 30.0
+RETRY_ENV = BY_NAME["kube_api_retry_s"].earlier_env  # AIRFLOW_SPOT_KUBE_RETRY_S
+DEFAULT_RETRY_S = float(BY_NAME["kube_api_retry_s"].default)
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 FIRST_DELAY_S = 0.2
 MAX_DELAY_S = 2.0
@@ -41,21 +41,9 @@ MAX_RETRY_AFTER_S = 10.0  # the longest server-asked wait (Retry-After) honoured
 
 
 def retry_s() -> float:
-    """How long a failing call is retried (``AIRFLOW_SPOT_KUBE_RETRY_S``; 0 turns it off)."""
-    raw = os.environ.get(RETRY_ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_RETRY_S
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not (finite_number(v) and v >= 0):
-        raise ConfigError(
-            RETRY_ENV,
-            f"must be a number of seconds >= 0 (how long a Kubernetes API call that fails "
-            f"transiently is retried; 0: never), got {raw!r}",
-        )
-    return v
+    """How long a failing call is retried (``[spot_training] kube_api_retry_s``; 0 turns it
+    off): read at a call's first failure, so a healthy API never reads the setting."""
+    return kube_api_retry_s()
 
 
 def transient(e: BaseException) -> bool:
