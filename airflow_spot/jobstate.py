@@ -140,8 +140,8 @@ class JobState:
     spot_source: str = ""  # what showed it (backends.signals.SOURCES)
     probe: dict[str, Any] | None = None  # the probe asking for spot now (started_at, pool, handle)
     probes: int = 0  # probes asked
-    probe_found: list[list[float]] = field(default_factory=list)
-    # [wall found, market seconds billed, price per hour]: capacity probes found, not used
+    probe_found: list[list[float]] = field(default_factory=list)  # [wall, market s, $/h] unused
+    acquired_s: float = 0.0  # the longest a gang's on-demand nodes took to come (wall seconds)
     incoming: int | None = None  # index into attempts of a spot attempt launching while
     # on-demand trains (a make-before-break return)
     decisions: list[dict[str, Any]] = field(default_factory=list)

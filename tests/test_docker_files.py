@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_rbac_grants_only_what_the_backend_uses() -> None:
-    """Pods (with patch for the notice annotation, delete for cleanup), pods/log, events, nodes read; nothing else."""
+    """Pods (with patch for the notice annotation, delete for cleanup), pods/log, events, nodes
+    read; a gang's Jobs (batch) and headless Services in the namespace; nothing else."""
     docs = list(yaml.safe_load_all((ROOT / "docker" / "rbac.yaml").read_text()))
     rules = [
         (tuple(r["resources"]), tuple(r["verbs"]))
@@ -21,6 +22,16 @@ def test_rbac_grants_only_what_the_backend_uses() -> None:
     assert (("pods",), ("create", "get", "list", "watch", "patch", "delete")) in rules
     assert (("pods/log",), ("get",)) in rules
     assert (("nodes",), ("get", "list", "watch")) in rules
+    assert (("jobs",), ("create", "get", "list", "watch", "patch", "delete")) in rules
+    assert (("services",), ("create", "get", "delete")) in rules
+    groups = {
+        r["resources"][0]: r["apiGroups"] for d in docs if d["kind"] == "Role" for r in d["rules"]
+    }
+    assert groups["jobs"] == ["batch"] and groups["services"] == [""]
+    cluster_wide = {
+        r for d in docs if d["kind"] == "ClusterRole" for x in d["rules"] for r in x["resources"]
+    }
+    assert not cluster_wide & {"jobs", "services"}  # only in the training namespace
     verbs = {v for _, vs in rules for v in vs}
     assert verbs <= {"create", "get", "list", "watch", "patch", "delete"}
     node_rules = [vs for res, vs in rules if "nodes" in res]

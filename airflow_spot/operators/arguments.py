@@ -156,13 +156,14 @@ def _check_gang(v: dict[str, Any]) -> None:
         raise ConfigError(
             "nodes",
             f"{n}: the {type(backend).__name__} runs one process per attempt; run gangs on "
-            f"LocalBackend(nodes={n}) (Kubernetes gangs come next), or leave nodes out",
+            f"LocalBackend(nodes={n}) or KubernetesBackend(nodes={n}), or leave nodes out",
         )
     if n is not None and has is not None and has != n:
         raise ConfigError(
             "nodes",
-            f"{n}, but the backend runs {has} ranks per attempt; make them agree (give "
-            f"LocalBackend(nodes={n}), or leave the operator's nodes out)",
+            f"{n}, but the backend runs {has} ranks per attempt; make them agree (give the "
+            f"backend nodes={n}: LocalBackend(nodes={n}) or KubernetesBackend(nodes={n}), or "
+            "leave the operator's nodes out)",
         )
     acquire = v.get("on_demand_acquire")
     if "on_demand_acquire" in v and (not isinstance(acquire, timedelta) or acquire < timedelta(0)):

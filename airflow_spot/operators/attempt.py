@@ -223,6 +223,7 @@ class LiveAttempt:
         ranks = status.evidence.get("ranks")  # a gang's: each rank's end, for the ledger and UI
         if isinstance(ranks, list):
             rec.ranks = [{k: r.get(k) for k in ("rank", "outcome", "exit_code")} for r in ranks]
+        self._gang_costs(rec, status)
         if rec.outcome == Outcome.APP_FAILURE.value and rec.exit_code == STORAGE_EXIT:
             rec.outcome = Outcome.CHECKPOINT_UNWRITABLE.value  # a backend that does not know 73
         latest = self.checkpoints.latest_manifest()
@@ -256,6 +257,20 @@ class LiveAttempt:
                 f"attempt {rec.attempt}): {last.strip() or rec.reason}; every launch would stop "
                 "the same way, so none is retried: fix it and clear the task",
             )
+
+    def _gang_costs(self, rec: AttemptRecord, status: AttemptStatus) -> None:
+        """A gang's own figures from its backend: the node-seconds a partial gang held before it
+        was given up (billed, as probe capacity found and not used, at the spot price per
+        node), and how long its on-demand nodes took to come (the safety net's margin keeps
+        the longest seen: the turn's JobSpec takes it where it outgrows the one given)."""
+        st, ev = self.state, status.evidence
+        held = ev.get("held_node_s")
+        if held and rec.granted_at is None:
+            since = ev.get("held_since") or rec.launched_at
+            st.probe_found.append([float(since), float(held) * st.time_scale, rec.price])
+        took = ev.get("acquired_s")
+        if rec.capacity == Capacity.ON_DEMAND.value and isinstance(took, (int, float)):
+            st.acquired_s = max(st.acquired_s, float(took))
 
     def _spend(self, rec: AttemptRecord, failed: bool, tail: str) -> None:
         """Count an ended attempt against its budget, and say so."""
@@ -380,7 +395,9 @@ class LiveAttempt:
         the one it leaves; only one attempt trains at a time, so a newer checkpoint found at
         the next launch is that attempt's."""
         st = self.state
-        prev = st.attempts[-1] if st.attempts else None
+        # the last attempt that trained: a held spot attempt that ended before it was ready
+        # (while on-demand trained on) saved nothing
+        prev = next((a for a in reversed(st.attempts) if a.started_at is not None), None)
         if (
             prev is None
             or prev.ended_at is None

@@ -111,7 +111,10 @@ class SpotCapacity:
         pr = st.probe
         if pr is not None and pr.get("found_at"):
             if not take_spot:
-                st.probe_found.append([pr["found_at"], job.changeover_s, job.spot_price])
+                # a gang's probe found its N nodes (placeholders): all N are billed
+                st.probe_found.append(
+                    [pr["found_at"], job.changeover_s, job.spot_price * job.nodes]
+                )
             self._drop(pr)
             pr = st.probe = None
         if keep_looking and not take_spot and self.can_probe():

@@ -261,7 +261,8 @@ class Turn:
                 max_preemptions=self.args.max_preemptions,
                 failure_reserve_s=kept,
                 nodes=self.args.nodes,
-                acquire_s=self.args.acquire_s * st.time_scale,  # in market seconds
+                # in market seconds: as given, or the longest the gang's nodes took, if longer
+                acquire_s=max(self.args.acquire_s, st.acquired_s) * st.time_scale,
             )
         except ConfigError as e:
             if e.field != "deadline_s":

@@ -49,7 +49,7 @@ def _op(tmp_path: Path, backend, **kw) -> SpotTrainingOperator:
     [
         (3, LocalBackend(nodes=2), "the backend runs 2 ranks per attempt"),
         (2, "local", "LocalBackend(nodes=2)"),
-        (2, KubernetesBackend(image="img"), "runs one process per attempt"),
+        (2, KubernetesBackend(image="img"), "KubernetesBackend(nodes=2)"),
         (0, LocalBackend(), "must be an integer >= 1"),
     ],
 )
@@ -98,3 +98,30 @@ def test_a_gang_is_preempted_as_one_resumed_and_billed_per_node(tmp_path: Path) 
     assert summary["cost"] > 0
     state = FileTaskStateStore(tmp_path / "s.json").get("airflow_spot_job")
     assert state["args"]["nodes"] == 2
+
+
+def test_a_partial_gang_is_billed_and_a_slow_on_demand_gang_widens_the_margin() -> None:
+    """What a gang's backend reports at an attempt's end reaches the job's state: the
+    node-seconds a partial gang held before its timeout are billed (spot price per node), and
+    the time its on-demand nodes took is kept for the safety net's margin (the longest)."""
+    from types import SimpleNamespace
+
+    from airflow_spot.backends.base import AttemptStatus, State
+    from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
+    from airflow_spot.operators.attempt import LiveAttempt
+
+    st = JobState(started_at=1000.0, deadline_at=1000.0 + 3600.0, time_scale=60.0)
+    held = AttemptRecord(1, "spot", AttemptHandle(attempt=1), launched_at=1010.0, price=0.9)
+    gave_up = AttemptStatus(
+        State.ENDED, "spot", 1, 1010.0, evidence={"held_node_s": 30.0, "held_since": 1012.0}
+    )
+    LiveAttempt._gang_costs(SimpleNamespace(state=st), held, gave_up)  # type: ignore[arg-type]
+    assert st.probe_found == [[1012.0, 1800.0, 0.9]]  # 30 node-seconds at 60x: 0.5 node-hours
+    led = st.ledger(2000.0, 1.0, 3.06, 3600.0)
+    probe = [s for s in led.segments if s.phase.value == "probe"]
+    assert sum(s.cost for s in probe) == pytest.approx(0.5 * 0.9)
+    for took in (40.0, 25.0):
+        od = AttemptRecord(2, "on_demand", AttemptHandle(attempt=2), launched_at=1100.0)
+        came = AttemptStatus(State.ENDED, "on_demand", 2, 1100.0, evidence={"acquired_s": took})
+        LiveAttempt._gang_costs(SimpleNamespace(state=st), od, came)  # type: ignore[arg-type]
+    assert st.acquired_s == 40.0 and len(st.probe_found) == 1  # granted gangs hold nothing

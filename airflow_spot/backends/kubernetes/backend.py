@@ -8,7 +8,8 @@ its node name and capacity are recorded in the attempt's handle, so that a verdi
 possible after the node is gone. A node that shows an interruption warning gets the pod's
 notice annotation set, so the container checkpoints at once. At most one attempt pod exists
 per task instance: a launch first removes any leftover pod of the task that is not the live
-attempt. Probes for spot are started and read by :mod:`.probing`.
+attempt. What the cluster shows of spot, and probes, are :mod:`.seeing`'s. With ``nodes`` N >
+1 each attempt is a gang of N ranks, launched and judged as one (:mod:`.gang`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from airflow_spot.backends.kubernetes.fields import (
     settings_from,
     stored_settings,
 )
+from airflow_spot.backends.kubernetes.gang import check_gang_fields, for_gangs
 from airflow_spot.backends.kubernetes.placement import Placement, placement_for
 from airflow_spot.backends.kubernetes.podread import (
     failed_init,
@@ -36,6 +38,7 @@ from airflow_spot.backends.kubernetes.podread import (
     same_object,
 )
 from airflow_spot.backends.kubernetes.probe import PROBE_IMAGE, is_probe
+from airflow_spot.backends.kubernetes.seeing import SeesSpotOnCluster
 from airflow_spot.backends.kubernetes.verdict import (
     GIVE_UP,
     OUTCOMES,
@@ -50,7 +53,6 @@ from airflow_spot.backends.kubernetes.vocabulary import (
     NOTICE_ANNOTATION,
     RELEASED_ANNOTATION,
 )
-from airflow_spot.backends.signals import SpotSignal
 from airflow_spot.exceptions import BackendError, ConfigError
 from airflow_spot.jobstate import AttemptHandle
 
@@ -62,7 +64,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class KubernetesBackend:
+class KubernetesBackend(SeesSpotOnCluster):
     """Run attempts as pods.
 
     :param image: the training image.
@@ -91,6 +93,9 @@ class KubernetesBackend:
     :param pools: several spot node pools; each spot launch goes to the cheapest one not cooling
         down after a preemption or unschedulable spot (``spot_cooldown_s``). On-demand pods use
         the preset.
+    :param nodes: ranks per attempt: above 1, each attempt is a gang (:mod:`.gang`).
+    :param gang_timeout_s: a gang not on all its nodes this long is deleted (spot unavailable).
+    :param gang_settle_s: how long a rank's failure waits for a reclaim that would explain it.
     """
 
     image: str
@@ -112,6 +117,9 @@ class KubernetesBackend:
     spot_cooldown_s: float = 900.0
     grace_period_s: int = 30
     pools: tuple[KubePool, ...] = ()
+    nodes: int = 1
+    gang_timeout_s: float = 600.0
+    gang_settle_s: float = 60.0
 
     kind = "kubernetes"
     runs_on_worker = False
@@ -127,6 +135,7 @@ class KubernetesBackend:
 
     def __post_init__(self) -> None:
         check_backend_fields(self)
+        check_gang_fields(self)
         if isinstance(self.pod_template, Path):  # kept as text: the backend is stored as JSON
             object.__setattr__(self, "pod_template", str(self.pod_template))
 
@@ -159,6 +168,7 @@ class KubernetesBackend:
 
     # -- attempts ---------------------------------------------------------------------------
     @reaching_server
+    @for_gangs
     def launch(
         self,
         ident: TaskIdentity,
@@ -225,6 +235,7 @@ class KubernetesBackend:
                 self.api.wait_gone(name, 30.0)
 
     @reaching_server
+    @for_gangs
     def find_attempts(self, ident: TaskIdentity) -> list[AttemptHandle]:
         """Every attempt pod of this task instance (probes excluded), by attempt number: the
         next try adopts those no record holds."""
@@ -236,6 +247,7 @@ class KubernetesBackend:
         return sorted((h for h in out if h is not None), key=lambda h: h.attempt or 0)
 
     @reaching_server
+    @for_gangs
     def renew_lease(self, handle: AttemptHandle, until: float) -> None:
         """Move the pod's lease annotation to wall time ``until`` (the container, through the
         downward API, checkpoints and stops once it is past). A pod gone is left to
@@ -246,6 +258,7 @@ class KubernetesBackend:
         )
 
     @reaching_server
+    @for_gangs
     def release_hold(self, handle: AttemptHandle) -> None:
         """Let a held pod (``launch(hold=True)``) train: the attempt it replaces has
         checkpointed and stopped. Its annotation turns ``go`` (the container sees it through
@@ -257,6 +270,7 @@ class KubernetesBackend:
             log.warning("Pod %s is gone before its hold was released.", name)
 
     @reaching_server
+    @for_gangs
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """Read pod, node and events and judge them (:func:`.verdict.judge`). Records what it
         saw in ``handle`` (the pod's node, capacity and notice, kept for a verdict after the
@@ -297,6 +311,7 @@ class KubernetesBackend:
         return out
 
     @reaching_server
+    @for_gangs
     def carry_out(self, handle: AttemptHandle, status: AttemptStatus) -> None:
         """Do what ``status`` found due: relay the node's reclaim notice to the pod (so the
         container checkpoints now), or delete a pod that will never run (its verdict is kept
@@ -327,6 +342,7 @@ class KubernetesBackend:
         return None  # measured from checkpoints by the controller
 
     @reaching_server
+    @for_gangs
     def cancel(self, handle: AttemptHandle, wait_s: float = 60.0) -> AttemptStatus:
         """Delete the pod and wait until it is gone (even if its status cannot be read). A pod
         that already ended is left for the caller's :meth:`release` (after its log is read)."""
@@ -351,6 +367,7 @@ class KubernetesBackend:
             reason="pod deleted by the controller",
         )
 
+    @for_gangs
     def log_tail(self, handle: AttemptHandle, lines: int = 15) -> str:
         try:
             return self.api.pod_log(_pod(handle), self._failed_container(_pod(handle)), lines)
@@ -363,6 +380,7 @@ class KubernetesBackend:
         return failed.name if failed is not None else "train"
 
     @reaching_server
+    @for_gangs
     def release(self, handle: AttemptHandle, outcome: str) -> None:
         """Delete an ended attempt's pod per ``delete_pods``."""
         if self.delete_pods == "always" or (
@@ -377,40 +395,6 @@ class KubernetesBackend:
         from airflow_spot.backends.kubernetes.cluster import ClusterView
 
         return ClusterView(self.api)
-
-    def spot_placements(self, pool: str | None = None) -> list[tuple[str, dict[str, Any]]]:
-        """(pool, the spot pod a launch would create there, as API JSON) for each spot pool
-        (``""``: the preset's spot placement when there are no pools)."""
-        from airflow_spot.backends.kubernetes.pods import spot_pods
-
-        return [(name, self.api.as_json(pod)) for name, pod in spot_pods(self, pool)]
-
-    def spot_signals(self, now: float) -> list[SpotSignal]:
-        """What the cluster shows about spot now, launching nothing: Karpenter ICE events of
-        the last 3 min and autoscaler backoffs (down), Ready spot nodes of a pool with the
-        job's GPUs free (up). A quiet cluster shows nothing (unknown, not up). A source the
-        worker may not read (403) is warned about once and left out from then on."""
-        return self.cluster.signals(self.spot_placements(), now)
-
-    @reaching_server
-    def probe(self, ident: TaskIdentity, pool: str = "") -> dict[str, Any]:
-        """Start a probe pod for spot in ``pool`` (after deleting this task's leftover probe of
-        that pool); returns its handle ``{namespace, name, pool, created_at}`` (JSON-able)."""
-        from airflow_spot.backends.kubernetes.probing import start_probe
-
-        return start_probe(self, ident, pool)
-
-    def probe_signal(self, probe: dict[str, Any], now: float) -> SpotSignal | None:
-        """What the probe shows now: bound, up; refused (backoff, an ICE for its pool, or
-        unschedulable with no scale-up asked for), down; else None (nothing known yet)."""
-        from airflow_spot.backends.kubernetes.probing import probe_signal
-
-        return probe_signal(self, probe, now)
-
-    @reaching_server
-    def drop_probe(self, probe: dict[str, Any]) -> None:
-        """Delete the probe at once (grace 0), so a node made for it goes back; gone is fine."""
-        self.cluster.delete_pod(probe["namespace"], probe["name"])
 
 
 def _pod(handle: AttemptHandle) -> str:

@@ -120,6 +120,33 @@ PRESETS: dict[str, dict[str, Placement]] = {
             affinity=_not_spot("kubernetes.azure.com/scalesetpriority", ["spot"])
         ),
     },
+    # Karpenter with a reserved fallback (ODCR or Capacity Blocks, capacity type "reserved",
+    # Karpenter >= 1.3 with the ReservedCapacity gate): on-demand attempts may take reserved
+    # or on-demand capacity, and Karpenter launches reserved first while the reservation
+    # lasts (karpenter.sh/docs/tasks/odcrs): a gang's N fallback nodes without waiting for N
+    # on-demand instances the market may not have
+    "karpenter-reserved": {
+        "spot": Placement({"karpenter.sh/capacity-type": "spot"}),
+        "on_demand": Placement(
+            affinity={
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "karpenter.sh/capacity-type",
+                                        "operator": "In",
+                                        "values": ["reserved", "on-demand"],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        ),
+    },
 }
 
 

@@ -20,9 +20,16 @@ from airflow_spot.backends.kubernetes.probe import POOL_LABEL, build_probe, read
 from airflow_spot.backends.signals import SpotSignal
 
 
+def probe_names(probe: dict[str, Any]) -> list[str]:
+    """The pods of a probe: its name, or for a gang's (``count`` N) ``<name>-0`` ... ``-N-1``."""
+    count = int(probe.get("count") or 1)
+    name = str(probe["name"])
+    return [name] if count == 1 else [f"{name}-{k}" for k in range(count)]
+
+
 def start_probe(backend: Any, ident: TaskIdentity, pool: str) -> dict[str, Any]:
-    """Start a probe pod for spot in ``pool`` (after deleting this task's leftover probe of
-    that pool); returns its handle."""
+    """Start a probe for spot in ``pool`` (after deleting this task's leftover probes of that
+    pool): one pod, or one per rank of a gang (``backend.nodes``); returns its handle."""
     backend.placement("spot", pool)  # an unknown pool is a ConfigError now
     labels = task_labels(ident)
     view = backend.cluster
@@ -43,26 +50,50 @@ def start_probe(backend: Any, ident: TaskIdentity, pool: str) -> dict[str, Any]:
         checkpoint_uri="",
         pool=pool,
     )
-    body = build_probe(
-        backend.api.as_json(training),
-        name=name,
-        labels=labels,
-        pool=pool,
-        image=backend.probe_image,
-    )
-    backend.api.create_probe(
-        body,
-        name,
-        f" (a probe needs the PriorityClass {body['spec']['priorityClassName']!r}: let the "
-        "worker create priorityclasses, or create it once from probe.build_priority_class())",
-    )
-    return {"namespace": backend.namespace, "name": name, "pool": pool, "created_at": created}
+    handle = {"namespace": backend.namespace, "name": name, "pool": pool, "created_at": created}
+    if backend.nodes > 1:
+        handle["count"] = int(backend.nodes)
+    for pod in probe_names(handle):
+        body = build_probe(
+            backend.api.as_json(training),
+            name=pod,
+            labels=labels,
+            pool=pool,
+            image=backend.probe_image,
+        )
+        backend.api.create_probe(
+            body,
+            pod,
+            f" (a probe needs the PriorityClass {body['spec']['priorityClassName']!r}: let the "
+            "worker create priorityclasses, or create it once from probe.build_priority_class())",
+        )
+    return handle
 
 
 def probe_signal(backend: Any, probe: dict[str, Any], now: float) -> SpotSignal | None:
     """What the probe shows now: bound, up; refused (backoff, an ICE for its pool, or
-    unschedulable with no scale-up asked for), down; else None (nothing known yet)."""
-    pod, events = backend.cluster.pod_and_events(probe["namespace"], probe["name"])
+    unschedulable with no scale-up asked for), down; else None (nothing known yet). A gang's
+    N probe pods: up when all N are bound, down when one is refused ("fewer than N"), else
+    None."""
+    names = probe_names(probe)
+    seen = [_one_probe(backend, probe, name, now) for name in names]
+    if len(names) == 1:
+        return seen[0]
+    up = [s for s in seen if s is not None and s.up]
+    down = [s for s in seen if s is not None and not s.up]
+    pool, n = str(probe.get("pool") or ""), len(names)
+    if down:
+        first = min(down, key=lambda s: s.at)
+        return SpotSignal(
+            False, first.at, "probe", pool, f"{len(up)} of {n} probes placed; {first.detail}"
+        )
+    if len(up) == n:
+        return SpotSignal(True, max(s.at for s in up), "probe", pool, f"all {n} probes placed")
+    return None
+
+
+def _one_probe(backend: Any, probe: dict[str, Any], name: str, now: float) -> SpotSignal | None:
+    pod, events = backend.cluster.pod_and_events(probe["namespace"], name)
     if pod is None:
         return None
     pool = str(probe.get("pool") or "")

@@ -4,8 +4,12 @@
 kubelet's part, as the kubelet does it:
 
 * runs the first container's command as a local process (its downward-API annotations file
-  kept current on disk), and reports ``Running``, then ``Succeeded`` or ``Failed`` with the
-  exit code;
+  kept current on disk, its ``valueFrom.fieldRef`` variables resolved), and reports
+  ``Running``, then ``Succeeded`` or ``Failed`` with the exit code (and, under
+  ``terminationMessagePolicy: FallbackToLogsOnError``, its last log lines as the message);
+* is the network: every pod's address is 127.0.0.1 (``podIP``), and a variable naming a pod
+  under a headless Service (``<hostname>.<service>[.<namespace>.svc[.cluster.local]]``, as
+  cluster DNS answers it) is given that address, since these processes have no cluster DNS;
 * a pod being deleted (``deletionTimestamp``) gets SIGTERM, SIGKILL after its grace period,
   its terminal status, and then the kubelet's final delete (grace 0, uid precondition);
 * serves ``pods/log`` on the port nodes advertise (the API server proxies it there);
@@ -19,8 +23,10 @@ node agent's part), and the cloud behind them is Karpenter's. Pods of a namespac
 
 And the cloud's part: a node is made for a pending pod that fits nowhere (labels from its node
 selector, taints from its tolerations, as an autoscaler would), spot only while
-``spot_available``; an empty node it made is given back; and a spot node is reclaimed in
-each way a cloud takes one (:meth:`reclaim`), the rest done by the real controllers:
+``spot_available`` and while fewer than ``spot_limit`` spot nodes exist (None: no limit;
+:meth:`follow` moves it along a count trace, reclaiming the spot nodes above it); an empty
+node it made is given back; and a spot node is reclaimed in each way a cloud takes one
+(:meth:`reclaim`), the rest done by the real controllers:
 
 * ``delete``: the node object goes (pod GC force-deletes its pods: ``DeletionByPodGC``);
 * ``unreachable``: the node stops renewing its lease (the node lifecycle controller marks it
@@ -69,6 +75,10 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _iso(wall: float) -> str:
+    return datetime.datetime.fromtimestamp(wall, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class Kubelet:
     """Kubelet and cloud for the nodes it makes (see the module's notes)."""
 
@@ -95,6 +105,9 @@ class Kubelet:
         self.gpus_per_node = gpus_per_node
         self.give_back_after_s = give_back_after_s
         self.spot_available = True
+        self.spot_limit: int | None = None  # spot nodes the cloud has now (None: no limit)
+        self._trace: threading.Thread | None = None
+        self._trace_stop = threading.Event()
         self.nodes: dict[str, dict[str, str]] = {}  # node -> labels (the ones we made)
         self.adopted: set[str] = set()  # Karpenter's nodes: we run their pods, never delete them
         self._foreign: set[str] = set()  # nodes seen that are neither ours nor Karpenter's
@@ -285,7 +298,7 @@ class Kubelet:
 
     def _start_container(self, key: str, pod: Any) -> None:
         c = pod.spec.containers[0]
-        env = {**os.environ, **{e.name: e.value for e in c.env or [] if e.value is not None}}
+        env = {**os.environ, **self._container_env(pod, c)}
         podinfo = self.workdir / pod.metadata.namespace / pod.metadata.name
         podinfo.mkdir(parents=True, exist_ok=True)
         env["AIRFLOW_SPOT_NOTICE_ANNOTATIONS"] = str(podinfo / "annotations")
@@ -311,6 +324,8 @@ class Kubelet:
             "phase": "Running",
             "startTime": now,
             "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
             "conditions": [
                 {"type": "Initialized", "status": "True", "lastTransitionTime": now},
                 {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
@@ -359,7 +374,13 @@ class Kubelet:
                         "terminated": {
                             "exitCode": rc if rc >= 0 else 128 - rc,
                             "reason": "Completed" if rc == 0 else "Error",
+                            **(
+                                {"startedAt": _iso(self.started[key])}
+                                if key in self.started
+                                else {}
+                            ),
                             "finishedAt": now,
+                            **self._termination_message(pod, c, rc),
                         }
                     },
                 }
@@ -404,7 +425,7 @@ class Kubelet:
         spot = (pod.metadata.labels or {}).get(CAPACITY_LABEL) == "spot" or any(
             (pod.spec.node_selector or {}).get(k) == v for k, v in SPOT_LABELS.items()
         )
-        if spot and not self.spot_available:
+        if spot and (not self.spot_available or not self._spot_room()):
             return
         if any(p.status.nominated_node_name for p in [pod] if p.status):
             return
@@ -487,6 +508,13 @@ class Kubelet:
                         _kill(proc, signal.SIGTERM)
                     self.shutting[key] = time.time()
 
+    def reclaim_all(self, nodes: list[str], how: str) -> None:
+        """Take several spot nodes at once (a zone's capacity gone): no pod of one is tended
+        (its exit written) between their reclaims."""
+        with self._lock:
+            for node in nodes:
+                self.reclaim(node, how)
+
     def _lose(self, node: str, on: list) -> None:
         """The machine under ``node`` is gone: whatever ran there dies with it."""
         self.lost.add(node)
@@ -539,6 +567,8 @@ class Kubelet:
         )
         node_obj = self.api.read_node(node)
         taints = [t.to_dict() for t in node_obj.spec.taints or []]
+        if any(t["key"] == "karpenter.sh/disrupted" for t in taints):
+            return  # noticed before (a drain after its notice)
         taints.append({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})
         self.api.patch_node(node, {"spec": {"taints": [_camel(t) for t in taints]}})
 
@@ -549,6 +579,106 @@ class Kubelet:
         self.api.create_namespaced_pod_eviction(
             name, namespace, V1Eviction(metadata=V1ObjectMeta(name=name, namespace=namespace))
         )
+
+    # -- a count trace -------------------------------------------------------------------------
+    def spot_nodes(self) -> list[str]:
+        """The spot nodes the cloud holds now (ours, not lost)."""
+        with self._lock:
+            return [n for n in self.nodes if n.startswith("spot-") and n not in self.lost]
+
+    def _spot_room(self) -> bool:
+        return self.spot_limit is None or len(self.spot_nodes()) < self.spot_limit
+
+    def set_spot_count(self, count: int | None, how: str = "delete", seed: int = 0) -> list[str]:
+        """The cloud now has ``count`` spot nodes (None: no limit): those above it go, the
+        empty ones first, then busy ones drawn (seeded: a count trace says how many, not
+        which) and reclaimed ``how``; returns the nodes taken."""
+        import random
+
+        with self._lock:
+            self.spot_limit = count
+            have = self.spot_nodes()
+            excess = 0 if count is None else len(have) - count
+            if excess <= 0:
+                return []
+            pods = self.api.list_pod_for_all_namespaces().items
+            busy = {p.spec.node_name for p in pods if p.spec.node_name}
+            taken = sorted(n for n in have if n in busy)
+            random.Random(f"{seed}:{len(self.reclaimed)}").shuffle(taken)
+            victims = (sorted(n for n in have if n not in busy) + taken)[:excess]
+            for node in victims:
+                if node in busy:
+                    self.reclaim(node, how)
+                    continue
+                with contextlib.suppress(Exception):
+                    self.api.delete_node(node)
+                self.nodes.pop(node, None)
+            return victims
+
+    def follow(self, trace: list[tuple[float, int]], how: str = "delete", seed: int = 0) -> None:
+        """Follow a count trace in the background: at each ``(seconds from now, count)`` the
+        cloud has ``count`` spot nodes (:meth:`set_spot_count`); :meth:`stop_trace` ends it."""
+        self.stop_trace()
+        stop = self._trace_stop = threading.Event()
+        t0 = time.monotonic()
+
+        def run() -> None:
+            for at, count in trace:
+                if stop.wait(max(0.0, t0 + at - time.monotonic())):
+                    return
+                try:
+                    self.set_spot_count(count, how, seed)
+                except Exception as e:  # noqa: BLE001 - the tests see the effects
+                    self.errors.append(f"trace: {e!r}")
+
+        self._trace = threading.Thread(target=run, name="count-trace", daemon=True)
+        self._trace.start()
+
+    def stop_trace(self) -> None:
+        """Stop following a count trace (the limit it set stays)."""
+        self._trace_stop.set()
+        if self._trace is not None:
+            self._trace.join(5)
+            self._trace = None
+
+    # -- the container's environment -------------------------------------------------------------
+    def _container_env(self, pod: Any, c: Any) -> dict[str, str]:
+        """The container's variables: values as given (a pod's name under a headless Service
+        answered with the emulated network's one address), ``valueFrom.fieldRef`` resolved
+        from the pod as the downward API does."""
+        out: dict[str, str] = {}
+        for e in c.env or []:
+            if e.value is not None:
+                out[e.name] = self._resolve(e.value, pod.metadata.namespace)
+            elif e.value_from is not None and e.value_from.field_ref is not None:
+                value = _field(pod, e.value_from.field_ref.field_path)
+                if value is not None:
+                    out[e.name] = value
+        return out
+
+    def _resolve(self, value: str, namespace: str) -> str:
+        """``value``, or 127.0.0.1 if cluster DNS would answer it with a pod's address."""
+        m = _POD_DNS.fullmatch(value)
+        if m is None or (m[5] and m[5] != namespace):
+            return value
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            svc = self.api.read_namespaced_service(m[3], namespace)
+        except ApiException:
+            return value
+        return "127.0.0.1" if svc.spec.cluster_ip == "None" else value
+
+    def _termination_message(self, pod: Any, c: Any, rc: int) -> dict[str, str]:
+        """A failed container's message under ``FallbackToLogsOnError``: its log's last 80
+        lines, at most 2048 bytes, as the kubelet writes it."""
+        if rc == 0 or c.termination_message_policy != "FallbackToLogsOnError":
+            return {}
+        path = self.workdir / pod.metadata.namespace / pod.metadata.name / "container.log"
+        with contextlib.suppress(OSError):
+            tail = path.read_bytes().splitlines()[-80:]
+            return {"message": b"\n".join(tail)[-2048:].decode("utf-8", "replace")}
+        return {}
 
     # -- files -------------------------------------------------------------------------------
     def _write_annotations(self, pod: Any) -> None:
@@ -621,3 +751,27 @@ def _kill(proc: subprocess.Popen | None, sig: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+# <hostname>.<service>[.<namespace>.svc[.cluster.local]]: a pod's name in cluster DNS
+_POD_DNS = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z]([-a-z0-9]*[a-z0-9])?)"
+    r"(?:\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?)?"
+)
+
+
+def _field(pod: Any, path: str) -> str | None:
+    """A downward-API ``fieldPath`` of the pod, as the kubelet resolves it."""
+    meta = pod.metadata
+    m = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
+    if m:
+        return ((meta.annotations if m[1] == "annotations" else meta.labels) or {}).get(m[2])
+    return {
+        "metadata.name": meta.name,
+        "metadata.namespace": meta.namespace,
+        "metadata.uid": meta.uid,
+        "spec.nodeName": pod.spec.node_name,
+        "spec.serviceAccountName": pod.spec.service_account_name,
+        "status.hostIP": "127.0.0.1",
+        "status.podIP": "127.0.0.1",
+    }.get(path)

@@ -143,7 +143,9 @@ def kube_cluster(kube_control_plane: Cluster) -> Iterator[Cluster]:
             with contextlib.suppress(client.ApiException):
                 c.api.delete_node(node)
             k.nodes.pop(node, None)
+        k.stop_trace()
         k.spot_available = True
+        k.spot_limit = None
         k.autoscale = True
         with contextlib.suppress(client.ApiException):
             c.api.delete_namespace(ns)
