@@ -131,7 +131,7 @@ def test_no_safe_policy_misses_a_feasible_deadline(name: str) -> None:
     every policy on the safety net meets the deadline."""
     rng = np.random.default_rng(7)
     # 15 job shapes, drawn at random: their plans are kept on disk (more than memory's 8)
-    policy = get_policy(name, plan_cache=os.environ["AIRFLOW_SPOT_PLAN_CACHE"])
+    policy = get_policy(name, plan_cache=os.environ["AIRFLOW__SPOT_TRAINING__PLAN_CACHE"])
     for k in range(150):
         trace = _random_trace(rng, p_up=rng.uniform(0.02, 0.98), mean_run=rng.uniform(1, 30))
         job = JobSpec(
