@@ -9,6 +9,14 @@ Redis ``--bind 127.0.0.1``, and the scheduler, triggerer and workers run with
 ``--skip-serve-logs`` (Airflow's log server listens on every interface; the api-server reads the
 task logs from the shared ``AIRFLOW_HOME``).
 
+Setup cost: the session migrates one database once (``postgres_template``: initdb, ``airflow db
+migrate``, a clean stop); each module's server is a copy of that data directory with its own
+port, processes and database, started in about a second. A module whose settings the migration
+reads (:data:`MIGRATE_SETTINGS`) gets its database migrated anew. The components start at once
+and are polled every 0.25 s until healthy (their start is CPU-bound: ~17 s of CPU for a Celery
+deployment). After the module they are SIGKILLed, sessions and all (a graceful stop takes 2 to
+20 s and nothing reads it there; a test that checks one calls ``stop()``).
+
 Reuse: override the ``deployment_dags`` fixture (``{file name: source}``) in a test module and
 ask for ``airflow_deployment``; for Celery, override ``deployment_executor`` (it returns
 ``CeleryExecutor`` and asks for ``redis_server``) and, for settings of its own,
@@ -46,6 +54,14 @@ REDIS_SERVER_ENV = "AIRFLOW_SPOT_REDIS_SERVER"  # the redis-server binary, if no
 COMPONENTS = ("scheduler", "dag_processor", "triggerer", "api_server")
 CELERY_WORKERS = ("worker_1", "worker_2")  # the Celery workers of a CeleryExecutor deployment
 STOP_TIMEOUT_S = 20.0
+SQL_CONN_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+MIGRATE_SETTINGS = (  # prefixes: a _CMD or _SECRET variant counts too
+    "AIRFLOW__DATABASE__",
+    "AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT",
+    "AIRFLOW__CORE__AUTH_MANAGER",
+    "AIRFLOW__LOGGING__LOG_FILENAME_TEMPLATE",
+    "AIRFLOW__ELASTICSEARCH__LOG_ID_TEMPLATE",
+)
 
 
 def free_port() -> int:
@@ -185,6 +201,28 @@ class ProcessLedger:
         return left
 
 
+def migrate_settings(env: dict[str, str]) -> dict[str, str]:
+    """The settings of ``env`` that ``airflow db migrate`` writes into the database or obeys
+    (read from airflow/utils/db.py and db_manager.py): the [database] section (its connection
+    left out), the default pool's size, the log templates and the auth manager (its own tables).
+    Two environments that agree on them get the same migrated database."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(MIGRATE_SETTINGS) and not k.startswith(SQL_CONN_ENV)
+    }
+
+
+@dataclass(frozen=True)
+class PostgresTemplate:
+    """A stopped server's data directory whose ``airflow`` database ``airflow db migrate`` made
+    with ``settings`` (:func:`migrate_settings`): each module's server starts from a copy."""
+
+    bin_dir: Path
+    data: Path
+    settings: dict[str, str]
+
+
 @dataclass
 class PostgresServer:
     """A private PostgreSQL server on 127.0.0.1, its data and socket in a folder of its own,
@@ -195,6 +233,8 @@ class PostgresServer:
     port: int = field(default_factory=free_port)
     user: str = "postgres"
     ledger: ProcessLedger = field(init=False)
+    # the settings its ``airflow`` database was migrated with, when copied from a template
+    migrated_with: dict[str, str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = ProcessLedger(self.root)
@@ -214,15 +254,20 @@ class PostgresServer:
         cmd = ["runuser", "-u", self.user, "--", str(self.bin_dir / argv[0]), *argv[1:]]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
-    def start(self) -> None:
-        """initdb (trust auth, superuser ``airflow``), start on 127.0.0.1 only, create the
-        ``airflow`` database. Durability is off: a test database need not survive a crash."""
+    def start(self, template: PostgresTemplate | None = None) -> None:
+        """initdb (trust auth, superuser ``airflow``) and create the ``airflow`` database, or
+        copy ``template``'s data directory (its ``airflow`` database already migrated); then
+        start on 127.0.0.1 only. Durability is off: a test database need not survive a crash."""
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.chown(self.root, self.user, self.user)
-        init = self._as_owner("initdb", "-D", str(self.data), "-U", "airflow", "-A", "trust",
-                              "-E", "UTF8", "--no-sync")  # fmt: skip
-        if init.returncode:
-            raise RuntimeError(f"initdb failed ({init.returncode}): {init.stderr}")
+        if template is None:
+            self._initdb()
+        else:  # as the owner: the copy keeps the postgres user's files and modes
+            cmd = ["runuser", "-u", self.user, "--", "cp", "-a", str(template.data), str(self.data)]
+            copied = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+            if copied.returncode:
+                raise RuntimeError(f"copying the template's data failed: {copied.stderr}")
+            self.migrated_with = dict(template.settings)
         opts = (
             f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
@@ -232,14 +277,32 @@ class PostgresServer:
         if started.returncode:
             raise RuntimeError(f"pg_ctl start failed: {started.stderr}\n{tail(self.log)}")
         self.ledger.snapshot([self.pid() or -1])
+        if template is None:
+            self.execute("CREATE DATABASE airflow")
+
+    def _initdb(self) -> None:
+        init = self._as_owner("initdb", "-D", str(self.data), "-U", "airflow", "-A", "trust",
+                              "-E", "UTF8", "--no-sync")  # fmt: skip
+        if init.returncode:
+            raise RuntimeError(f"initdb failed ({init.returncode}): {init.stderr}")
+
+    def execute(self, *statements: str) -> None:
+        """Run statements in the ``postgres`` database, outside a transaction (CREATE
+        DATABASE cannot run in one)."""
         import psycopg2
 
         conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="airflow", dbname="postgres")
-        conn.autocommit = True  # CREATE DATABASE runs outside a transaction
+        conn.autocommit = True
         try:
-            conn.cursor().execute("CREATE DATABASE airflow")
+            for statement in statements:
+                conn.cursor().execute(statement)
         finally:
             conn.close()
+
+    def recreate_database(self) -> None:
+        """An empty ``airflow`` database in place of the template's (then migrated anew)."""
+        self.execute("DROP DATABASE airflow WITH (FORCE)", "CREATE DATABASE airflow")
+        self.migrated_with = None
 
     def pid(self) -> int | None:
         """The postmaster's pid, from ``postmaster.pid`` (None when it is not running)."""
@@ -427,6 +490,7 @@ class AirflowDeployment:
         names = COMPONENTS + (CELERY_WORKERS if executor == "CeleryExecutor" else ())
         self.components = [self._component(name) for name in names]
         self._client: Any = None
+        self._snapshot_at = 0.0  # when healthy() last recorded the processes (monotonic)
 
     @property
     def workers(self) -> list[Component]:
@@ -544,8 +608,8 @@ class AirflowDeployment:
         """Start the components and wait until the api-server reports all of them healthy."""
         for c in self.components:
             c.start(self.env)
-        try:
-            wait_for("all components healthy", self.healthy, timeout, every=1.0)
+        try:  # polled often (cheap); the processes are recorded at most once a second
+            wait_for("all components healthy", self.healthy, timeout, every=0.25)
         except TimeoutError as e:
             raise TimeoutError(f"{e}\n{self.diagnosis()}") from None
 
@@ -558,7 +622,8 @@ class AirflowDeployment:
         for c in self.components:
             if c.proc is not None and c.proc.poll() is not None:
                 raise RuntimeError(f"{c.name} exited {c.proc.returncode}:\n{tail(c.log)}")
-        self.ledger.snapshot(self.pids())
+        if time.monotonic() - self._snapshot_at >= 1.0:  # a snapshot costs ~40 ms of CPU
+            self._snapshot()
         try:
             health = self.get("/api/v2/monitor/health")
         except Exception:  # noqa: BLE001 - not up yet
@@ -566,7 +631,14 @@ class AirflowDeployment:
         keys = ("metadatabase", "scheduler", "triggerer", "dag_processor")
         if not all((health.get(k) or {}).get("status") == "healthy" for k in keys):
             return False
-        return all(self.worker_ready(w) for w in self.workers)
+        if not all(self.worker_ready(w) for w in self.workers):
+            return False
+        self._snapshot()  # every process and port of the deployment as it is ready
+        return True
+
+    def _snapshot(self) -> None:
+        self.ledger.snapshot(self.pids())
+        self._snapshot_at = time.monotonic()
 
     def task_errors(self, limit: int = 20) -> str:
         """The error lines of the task and trigger logs (for a failing test's message)."""
@@ -591,6 +663,22 @@ class AirflowDeployment:
             with contextlib.suppress(TimeoutError):
                 wait_for("components stopped", self.stopped, wait, every=0.2)
                 break
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def kill(self) -> None:
+        """SIGKILL every component's whole session at once (a module's teardown: nothing reads
+        the deployment after its tests, and a graceful stop took 3 to 11 s here, once the full
+        20 s). What left the sessions, the ledger kills (:meth:`ProcessLedger.kill_alive`). A
+        test that checks a graceful stop calls :meth:`stop` itself."""
+        self.ledger.snapshot(self.pids())  # the task runners too, each in a group of its own
+        # only the running ones: an unreaped process keeps its pid (and session id) from reuse
+        running = [c for c in self.components if c.proc is not None and c.proc.poll() is None]
+        for c in running:
+            c.signal(signal.SIGKILL)
+        for c in running:
+            c.kill_session()  # what the first signal missed: the task runners' groups
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -640,9 +728,9 @@ class AirflowDeployment:
         return r.json()["dag_run_id"]
 
 
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A private PostgreSQL server for this module's deployment, stopped and removed after."""
+def _postgres_or_skip() -> Path:
+    """Debian's PostgreSQL (or ``$AIRFLOW_SPOT_POSTGRES_BIN``) and a user to run it as; the
+    test is skipped without them (or fails, with ``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1``)."""
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
         where = os.environ.get(POSTGRES_BIN_ENV) or "/usr/lib/postgresql/<version>/bin"
@@ -652,10 +740,58 @@ def postgres_server() -> Iterator[PostgresServer]:
         )
     if shutil.which("runuser") is None or not _has_user("postgres"):
         require_or_skip("no `runuser` or no `postgres` user to run PostgreSQL as")
-    root = Path(tempfile.mkdtemp(prefix="airflow-spot-pg-"))
-    server = PostgresServer(bin_dir, root)  # type: ignore[arg-type]
+    return bin_dir  # type: ignore[return-value]
+
+
+class TemplateCache:
+    """The session's migrated template (:class:`PostgresTemplate`), made on first use: initdb,
+    ``airflow db migrate`` with a deployment's settings (as :meth:`AirflowDeployment.migrate`
+    runs it), then a clean stop. Nothing of it runs afterwards; :meth:`remove` deletes it."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home  # where the template's throwaway deployment folder goes
+        self.root = Path(tempfile.mkdtemp(prefix="airflow-spot-pg-template-"))
+        self._made: PostgresTemplate | None = None
+
+    def template(self, bin_dir: Path) -> PostgresTemplate:
+        if self._made is None:
+            server = PostgresServer(bin_dir, self.root)
+            try:
+                server.start()
+                dep = AirflowDeployment(self.home, server.url(), {})
+                dep.migrate()
+            finally:
+                server.stop()  # a fast shutdown is a clean one: the data directory is whole
+            self._made = PostgresTemplate(bin_dir, server.data, migrate_settings(dep.env))
+        return self._made
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TemplateCache]:
+    """The session's migrated database, made when the first module's server asks for it (a
+    module skipped before then makes none): each module's server starts from a copy of its
+    data directory in about a second, instead of an initdb and a migrate (3 to 10 s)."""
+    cache = TemplateCache(tmp_path_factory.mktemp("template"))
     try:
-        server.start()
+        yield cache
+    finally:
+        cache.remove()
+
+
+@pytest.fixture(scope="module")
+def postgres_server(postgres_template: TemplateCache) -> Iterator[PostgresServer]:
+    """A private PostgreSQL server for this module's deployment, its data directory a copy of
+    the session's migrated template (its own port, processes and database), stopped and
+    removed after."""
+    bin_dir = _postgres_or_skip()
+    template = postgres_template.template(bin_dir)
+    root = Path(tempfile.mkdtemp(prefix="airflow-spot-pg-"))
+    server = PostgresServer(bin_dir, root)
+    try:
+        server.start(template)
         yield server
     finally:
         server.stop()
@@ -746,7 +882,8 @@ def airflow_deployment(
     deployment_worker_env: dict[str, dict[str, str]],
 ) -> Iterator[AirflowDeployment]:
     """A migrated database and the four components (and the Celery workers), all healthy;
-    stopped after the module (a test may stop it earlier: stopping twice is harmless)."""
+    killed after the module (a test may stop it earlier, gracefully: both are harmless after
+    a stop)."""
     broker = None
     if deployment_executor == "CeleryExecutor":
         broker = request.getfixturevalue("redis_server").url()
@@ -759,10 +896,14 @@ def airflow_deployment(
         celery_env=deployment_celery_env,
         worker_env=deployment_worker_env,
     )
-    dep.migrate()
+    if postgres_server.migrated_with != migrate_settings(dep.env):
+        # settings of the module's own that the migration reads: a database migrated with them
+        if postgres_server.migrated_with is not None:
+            postgres_server.recreate_database()
+        dep.migrate()
     try:
         dep.start()
         yield dep
     finally:
-        dep.stop()
+        dep.kill()
         dep.ledger.kill_alive()  # what a failed test left (detached supervisors, training)
