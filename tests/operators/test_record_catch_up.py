@@ -17,6 +17,7 @@ def _live(attempts: list[AttemptRecord]) -> LiveAttempt:
 def _ended(step_start: int, step_end: int, ckpt: int) -> AttemptRecord:
     rec = AttemptRecord(1, "spot", AttemptHandle(run_dir="/r/1"), 1.0, step_start=step_start)
     rec.ended_at, rec.step_end, rec.ckpt_step_end, rec.outcome = 9.0, step_end, ckpt, "preempted"
+    rec.started_at = 2.0  # it trained (only an attempt that trained can have saved)
     return rec
 
 
@@ -43,3 +44,14 @@ def test_a_live_attempt_is_left_to_its_own_reads() -> None:
     rec.ended_at = None  # still training (a make-before-break launch comes while it trains)
     _live([rec])._catch_up(_manifest(40))
     assert rec.ckpt_step_end == 30
+
+
+def test_a_held_attempt_that_never_trained_is_not_credited_with_a_checkpoint() -> None:
+    """A make-before-break spot attempt that ended before it was ready (on-demand trained on)
+    saved nothing: a newer checkpoint is the last attempt that trained, not that one's."""
+    trained = _ended(0, 30, 30)
+    held = AttemptRecord(2, "spot", AttemptHandle(run_dir="/r/2"), 5.0, step_start=30)
+    held.ended_at, held.outcome = 8.0, "preempted"
+    live = _live([trained, held])
+    live._catch_up(_manifest(32))
+    assert (trained.ckpt_step_end, held.ckpt_step_end) == (32, None)

@@ -109,8 +109,13 @@ def test_a_pod_with_no_matching_node_stays_unschedulable(kube_cluster) -> None:
     ev = events[0]
     assert ev.type == "Warning" and "didn't match Pod's node affinity/selector" in ev.message
     assert (ev.reporting_component or ev.source.component) == "default-scheduler"
-    pod = k.api.read_namespaced_pod(h.pod, ns)
-    sched = next(c for c in pod.status.conditions if c.type == "PodScheduled")
+    # the scheduler writes its event and the pod's condition apart: the condition may lag
+    until, conditions = time.monotonic() + 10, None
+    while time.monotonic() < until and not conditions:
+        pod = k.api.read_namespaced_pod(h.pod, ns)
+        conditions = pod.status.conditions
+        time.sleep(0.1)
+    sched = next(c for c in conditions or () if c.type == "PodScheduled")
     assert (pod.status.phase, sched.status, sched.reason) == ("Pending", "False", "Unschedulable")
     st = b.status(h)
     assert st.state is State.WAITING and st.outcome is None, st  # spot not had yet
