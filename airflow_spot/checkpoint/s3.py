@@ -17,16 +17,13 @@ from airflow_spot.checkpoint import s3parts
 from airflow_spot.checkpoint.base import CHUNK, error_code, must_exist, safe_key, tmp_beside
 from airflow_spot.checkpoint.hashing import SHA256, new_hasher
 from airflow_spot.exceptions import CheckpointError, ConfigError
-from airflow_spot.settings import S3_RETRY_DEFAULT_S, s3_retry_s
 from airflow_spot.settings import S3_RETRY_ENV as S3_RETRY_ENV  # (tests and chaos import it here)
+from airflow_spot.settings import s3_retry_s
 
 log = logging.getLogger(__name__)
 CREDENTIALS_WAIT_ENV = "AIRFLOW_SPOT_CREDENTIALS_WAIT_S"  # a trainer's wait for AWS credentials
 MULTIPART_FROM = 64 << 20  # S3: a file above this goes up and down in parts
 SINGLE_PUT_MAX = 5 << 30  # S3: the most one PUT takes (bytes above it go in parts)
-# how long a passing S3 error is retried: [spot_training] s3_retry_s (the training process
-# gets it from the operator as $AIRFLOW_SPOT_S3_RETRY_S)
-S3_RETRY_S = S3_RETRY_DEFAULT_S
 S3_RETRY_MAX_WAIT_S = 4.0  # the longest wait between two tries
 # S3 error codes that pass by themselves (5xx and throttling)
 TRANSIENT_CODES = frozenset(
