@@ -6,6 +6,8 @@
 # Karpenter's operator binds its metrics and health servers to ":<port>" (every interface) with no
 # flag to change it, and the tests bind 127.0.0.1 only: karpenter-kwok is built from a copy of the
 # module, patched to "127.0.0.1:<port>", through a replace in a build module under the cache.
+# The same copy gets the test cloud's emulated insufficient capacity (patches/kwok_ice.go: a
+# launch fails with an InsufficientCapacityError for the offerings a rules file names).
 # Usage: tools/k8s/build.sh [name ...]   (default: etcd kube-apiserver kube-controller-manager kube-scheduler kwok karpenter-kwok)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,16 +31,18 @@ build() {  # name moduledir package ldflags
   echo "k8s-build: $name built in $((SECONDS - t0)) s"
 }
 
-# karpenter-kwok, its operator's servers on 127.0.0.1. The stamp beside the binary says it was
-# built patched (a binary without it, from an earlier version of this script, is rebuilt).
+# karpenter-kwok, its operator's servers on 127.0.0.1 and the kwok provider able to emulate
+# insufficient capacity. The stamp beside the binary says it was built with both patches (a
+# binary without it, from an earlier version of this script, is rebuilt).
 KARPENTER=sigs.k8s.io/karpenter
 OPERATOR_GO=pkg/operator/operator.go
+KWOK_CP_GO=kwok/cloudprovider/cloudprovider.go
 build_karpenter() {
-  local name=karpenter-kwok stamp="$bin/karpenter-kwok.loopback"
+  local name=karpenter-kwok stamp="$bin/karpenter-kwok.loopback-ice"
   if [ -x "$bin/$name" ] && [ -f "$stamp" ]; then
-    echo "k8s-build: $name already built ($bin/$name, servers on 127.0.0.1)"; return 0
+    echo "k8s-build: $name already built ($bin/$name, servers on 127.0.0.1, emulated ICE)"; return 0
   fi
-  [ -x "$bin/$name" ] && echo "k8s-build: $bin/$name has no $stamp (built unpatched): rebuilding"
+  [ -x "$bin/$name" ] && echo "k8s-build: $bin/$name has no $stamp (built without a patch): rebuilding"
   local t0=$SECONDS src mod ver
   (cd "$here/karpenter" && go mod download "$KARPENTER")  # a fresh module cache has no copy yet
   read -r ver src < <(cd "$here/karpenter" && go list -m -f '{{.Version}} {{.Dir}}' "$KARPENTER")
@@ -63,12 +67,29 @@ build_karpenter() {
   if [ "$after" != 2 ] || grep -q 'fmt.Sprintf(":%d"' "$mod/$OPERATOR_GO"; then
     echo "k8s-build: patching $mod/$OPERATOR_GO failed (found $after patched lines)" >&2; exit 1
   fi
+  patch_ice "$mod"
   cp "$here/karpenter/go.mod" "$here/karpenter/go.sum" "$cache/src/karpenter-build/"
   (cd "$cache/src/karpenter-build" && go mod edit -replace "$KARPENTER=$mod" &&
     go build -p "$P" -trimpath -ldflags "-s -w" -o "$bin/$name.tmp" "$KARPENTER/kwok")
   mv "$bin/$name.tmp" "$bin/$name"
-  echo "$KARPENTER@$ver $OPERATOR_GO: metrics and health servers on 127.0.0.1" > "$stamp"
+  printf '%s\n' "$KARPENTER@$ver $OPERATOR_GO: metrics and health servers on 127.0.0.1" \
+    "$KARPENTER@$ver $KWOK_CP_GO: Create and GetInstanceTypes wrapped by patches/kwok_ice.go" > "$stamp"
   echo "k8s-build: $name built in $((SECONDS - t0)) s"
+}
+
+# The kwok provider's Create and GetInstanceTypes renamed, and wrapped by patches/kwok_ice.go
+# (the test cloud's insufficient capacity, off unless $AIRFLOW_SPOT_KWOK_ICE_FILE is set).
+patch_ice() {
+  local mod=$1 f="$1/$KWOK_CP_GO" m
+  for m in Create GetInstanceTypes; do
+    if [ "$(grep -c "^func (c CloudProvider) $m(" "$f" || true)" != 1 ]; then
+      echo "k8s-build: expected one 'func (c CloudProvider) $m(' in $KWOK_CP_GO: the ICE patch" \
+        "no longer applies" >&2; exit 1
+    fi
+  done
+  sed -i -e 's/^func (c CloudProvider) Create(/func (c CloudProvider) createUpstream(/' \
+    -e 's/^func (c CloudProvider) GetInstanceTypes(/func (c CloudProvider) getInstanceTypesUpstream(/' "$f"
+  cp "$here/patches/kwok_ice.go" "$mod/kwok/cloudprovider/airflow_spot_ice.go"
 }
 
 names=("$@")

@@ -96,6 +96,9 @@ class KubernetesBackend(SeesSpotOnCluster):
     :param nodes: ranks per attempt: above 1, each attempt is a gang (:mod:`.gang`).
     :param gang_timeout_s: a gang not on all its nodes this long is deleted (spot unavailable).
     :param gang_settle_s: how long a rank's failure waits for a reclaim that would explain it.
+    :param capacity_check: how a spot gang's N nodes are asked for before its gates lift:
+        ``"placeholders"`` (N placeholder pods) or ``"provisioning-request"`` (a check-capacity
+        ProvisioningRequest, where cluster-autoscaler runs).
     """
 
     image: str
@@ -120,6 +123,7 @@ class KubernetesBackend(SeesSpotOnCluster):
     nodes: int = 1
     gang_timeout_s: float = 600.0
     gang_settle_s: float = 60.0
+    capacity_check: str = "placeholders"
 
     kind = "kubernetes"
     runs_on_worker = False

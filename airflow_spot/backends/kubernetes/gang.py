@@ -10,6 +10,12 @@ gates lifted once N placeholders are placed, a reclaim notice relayed to every r
 agree on the stop: any rank's notice stops them all at the same step), a gang given up at
 its timeout deleted, the ranks still running once the verdict is in stopped. A held launch
 (a make-before-break return) is ready once all N ranks started; its release lets all N train.
+
+While a spot gang waits behind its gate, its capacity is read as an observation ("N seen",
+"fewer than N", unknown) into the status's ``evidence["capacity"]``: Karpenter's NodeClaims for
+its placeholders (:mod:`.capacity_signals`), or with ``capacity_check="provisioning-request"``
+the ``check-capacity`` ProvisioningRequest that gates it instead of placeholders
+(:mod:`.provisioning`), whose ``Provisioned=True`` grants the gang's capacity (the gates lift).
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from airflow_spot.backends.base import AttemptStatus, Outcome, State, TaskIdentity, look
-from airflow_spot.backends.kubernetes.gang_launch import build_job, build_service, rendezvous_port
+from airflow_spot.backends.kubernetes.gang_launch import (
+    build_job,
+    build_service,
+    owner,
+    rendezvous_port,
+)
 from airflow_spot.backends.kubernetes.gang_ranks import GangLook, container_state, rank_nodes
 from airflow_spot.backends.kubernetes.gang_verdict import (
     LIFT_GATES,
@@ -29,8 +40,20 @@ from airflow_spot.backends.kubernetes.gang_verdict import (
     Timeouts,
     judge_gang,
 )
-from airflow_spot.backends.kubernetes.gating import GRANTED_ANNOTATION, build_placeholders
+from airflow_spot.backends.kubernetes.gating import (
+    GRANTED_ANNOTATION,
+    build_placeholders,
+    placeholder_name,
+)
 from airflow_spot.backends.kubernetes.podread import found_attempt, launched_attempt, same_object
+from airflow_spot.backends.kubernetes.provisioning import (
+    PROVISIONING_REQUEST,
+    build_pod_template,
+    build_request,
+    check_capacity_check,
+    consume,
+    request_name,
+)
 from airflow_spot.backends.kubernetes.verdict import GIVE_UP, OUTCOMES, RELAY_NOTICE
 from airflow_spot.backends.kubernetes.vocabulary import (
     HOLD_ANNOTATION,
@@ -39,6 +62,7 @@ from airflow_spot.backends.kubernetes.vocabulary import (
     NOTICE_ANNOTATION,
     RELEASED_ANNOTATION,
 )
+from airflow_spot.backends.signals import SpotSignal
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 from airflow_spot.jobstate import AttemptHandle
 
@@ -71,6 +95,7 @@ def check_gang_fields(b: Any) -> None:
                 f"backend.{name}",
                 f"must be a number of seconds {'>' if least == 0 else '>='} 0, got {v!r}",
             )
+    check_capacity_check(b.capacity_check)
 
 
 class Gang:
@@ -82,6 +107,8 @@ class Gang:
         self.b = backend
         self.n = int(backend.nodes)
         self.api = GangApi(backend.api)
+        self.by_request = backend.capacity_check == PROVISIONING_REQUEST
+        self.capacity: SpotSignal | None = None  # what the last look saw of the gang's N
 
     # -- launching ----------------------------------------------------------------------------
     def launch(
@@ -102,6 +129,7 @@ class Gang:
         """Create the gang: its Job (the attempt pod as every rank's template), its Service
         and, on spot, its N placeholders (after removing the task's leftovers; held, the
         gang it replaces trains on)."""
+        from airflow_spot.backends.kubernetes.capacity_calls import create_request
         from airflow_spot.backends.kubernetes.pods import attempt_pod, pod_name, task_labels
 
         name, labels = pod_name(ident, attempt), task_labels(ident)
@@ -118,10 +146,19 @@ class Gang:
         self._remove_leftovers(ident, name, attempt, hold)
         key = f"{ident.dag_id}/{ident.task_id}/{ident.run_id}/{ident.map_index}"
         port, spot = rendezvous_port(key, attempt), capacity == "spot"
+        if spot and self.by_request:
+            body = consume(body, name)
         job = self.api.create_job(build_job(body, name=name, nodes=self.n, port=port, gated=spot))
         uid = job.metadata.uid
         self.api.create_service(build_service(name, uid, port, labels))
-        if spot:
+        if spot and self.by_request:
+            ref = owner(name, uid)
+            create_request(
+                self.b.api,
+                build_pod_template(body, job=name, owner=ref, labels=labels),
+                build_request(job=name, nodes=self.n, owner=ref, labels=labels),
+            )
+        elif spot:
             self.b.cluster.ensure_priority_class()
             for p in build_placeholders(
                 body, job=name, job_uid=uid, nodes=self.n, labels=labels, image=self.b.probe_image
@@ -160,6 +197,8 @@ class Gang:
         the events of those nodes and of the rank pods that ended or are being deleted."""
         job_name = _job(handle)
         job = self.api.read_job(job_name)
+        if job is not None and handle.capacity == "spot":
+            self.capacity = self._waiting_capacity(handle, job, now)
         pods = self.api.rank_pods(job_name)
         placeholders = self.api.placeholders(job_name) if job is not None else []
         names = rank_nodes(handle.node, self.n)
@@ -189,9 +228,35 @@ class Gang:
         seen = judge_gang(handle, self.look(handle, time.time()), self.timeouts)
         for field, value in seen.record.items():
             setattr(handle, field, value)
+        if self.capacity is not None:
+            seen.status.evidence["capacity"] = self.capacity.to_dict()
         if seen.default_used:
             log.warning("Gang %s: %s.", _job(handle), seen.status.reason)
         return seen.status
+
+    def _waiting_capacity(self, handle: AttemptHandle, job: Any, now: float) -> SpotSignal | None:
+        """The gang's N while it waits behind its gate (None once granted, or unknown): its
+        ProvisioningRequest's answer, whose "N seen" the Job records as the grant (the gates
+        lift on it), or Karpenter's NodeClaims for its placeholders."""
+        from airflow_spot.backends.kubernetes.capacity_calls import read_request
+        from airflow_spot.backends.kubernetes.probing import claims_signal
+        from airflow_spot.backends.kubernetes.provisioning import read_request as answer
+
+        annotations = job.metadata.annotations or {}
+        if GRANTED_ANNOTATION in annotations:
+            return None
+        name, ns = _job(handle), self.b.namespace
+        if not self.by_request:
+            held = [placeholder_name(name, k) for k in range(self.n)]
+            return claims_signal(self.b, ns, held, float(handle.launched_at or now), now)
+        seen = answer(read_request(self.b.cluster, ns, request_name(name)), self.n)
+        if (
+            seen is not None
+            and seen.up
+            and self.api.annotate_job(name, {GRANTED_ANNOTATION: repr(seen.at)})
+        ):
+            job.metadata.annotations = {**annotations, GRANTED_ANNOTATION: repr(seen.at)}
+        return seen
 
     @property
     def timeouts(self) -> Timeouts:
@@ -257,6 +322,10 @@ class Gang:
             self.b.api.delete_pod(p.metadata.name, grace=0, what="placeholder")
         for p in self.api.rank_pods(job):
             self.b.api.delete_pod(p.metadata.name, grace=grace)
+        if self.by_request:
+            from airflow_spot.backends.kubernetes.capacity_calls import delete_request
+
+            delete_request(self.b.api, request_name(job))
         self.api.delete_job(job)
         self.api.delete_service(service_name(job))
 

@@ -74,7 +74,8 @@ def probe_signal(backend: Any, probe: dict[str, Any], now: float) -> SpotSignal 
     """What the probe shows now: bound, up; refused (backoff, an ICE for its pool, or
     unschedulable with no scale-up asked for), down; else None (nothing known yet). A gang's
     N probe pods: up when all N are bound, down when one is refused ("fewer than N"), else
-    None."""
+    what Karpenter's NodeClaims for them show (:mod:`.capacity_signals`): one failed for
+    capacity, down ("fewer than N"); all launched, up ("N seen"); else None."""
     names = probe_names(probe)
     seen = [_one_probe(backend, probe, name, now) for name in names]
     if len(names) == 1:
@@ -82,14 +83,31 @@ def probe_signal(backend: Any, probe: dict[str, Any], now: float) -> SpotSignal 
     up = [s for s in seen if s is not None and s.up]
     down = [s for s in seen if s is not None and not s.up]
     pool, n = str(probe.get("pool") or ""), len(names)
+    if len(up) == n:
+        return SpotSignal(True, max(s.at for s in up), "probe", pool, f"all {n} probes placed")
+    claims = claims_signal(backend, probe["namespace"], names, float(probe["created_at"]), now)
+    if claims is not None and not claims.up:
+        down.insert(0, claims)  # the gang's own count first among refusals of the same time
     if down:
         first = min(down, key=lambda s: s.at)
         return SpotSignal(
             False, first.at, "probe", pool, f"{len(up)} of {n} probes placed; {first.detail}"
         )
-    if len(up) == n:
-        return SpotSignal(True, max(s.at for s in up), "probe", pool, f"all {n} probes placed")
+    if claims is not None:
+        return SpotSignal(True, claims.at, "probe", pool, claims.detail)
     return None
+
+
+def claims_signal(
+    backend: Any, namespace: str, pods: list[str], since: float, now: float
+) -> SpotSignal | None:
+    """A gang's capacity as Karpenter's NodeClaims for its ``pods`` show it ("fewer than N",
+    "N seen", None: unknown; :func:`.capacity_signals.claim_signal`)."""
+    from airflow_spot.backends.kubernetes.capacity_calls import count_claims
+    from airflow_spot.backends.kubernetes.capacity_signals import claim_signal
+
+    count = count_claims(backend.cluster, namespace, pods, len(pods), since, now)
+    return claim_signal(count, "")
 
 
 def _one_probe(backend: Any, probe: dict[str, Any], name: str, now: float) -> SpotSignal | None:

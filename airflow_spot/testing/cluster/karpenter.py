@@ -4,7 +4,10 @@ ones, only the instances are simulated.
 
 ``tools/k8s/build.sh karpenter-kwok`` builds it from a copy of the module whose operator binds
 its metrics and health servers to 127.0.0.1 (upstream binds every interface, with no flag), and
-keeps that copy, whose CRDs are applied here, beside the binaries. Karpenter runs outside the
+keeps that copy, whose CRDs are applied here, beside the binaries. The same copy's kwok provider
+can run out of capacity (``tools/k8s/patches/kwok_ice.go``): :meth:`Karpenter.out_of_capacity`
+names offerings whose launches then fail with an ``InsufficientCapacityError``, as a cloud's do
+(the test cloud's ICE; Karpenter's own handling of it is the real one). Karpenter runs outside the
 cluster (kubeconfig, leader election off, no webhooks), with one KWOKNodeClass and one NodePool:
 
 * ``karpenter.sh/capacity-type`` In [spot, on-demand], amd64 / linux; spot is the cheaper
@@ -57,7 +60,9 @@ from airflow_spot.testing.cluster.plane import (
 
 KARPENTER_VERSION = "v1.14.1"  # tools/k8s/karpenter/go.mod
 BINARY = "karpenter-kwok"
-STAMP = "karpenter-kwok.loopback"  # written by build.sh beside a binary built patched
+STAMP = "karpenter-kwok.loopback-ice"  # written by build.sh beside a binary built patched
+ICE_FILE_ENV = "AIRFLOW_SPOT_KWOK_ICE_FILE"  # read by the patched kwok provider at each call
+ICE_TTL_ENV = "AIRFLOW_SPOT_KWOK_ICE_TTL"  # how long it lists an ICE'd offering unavailable
 GROUP, VERSION = "karpenter.sh", "v1"
 KWOK_GROUP, KWOK_VERSION = "karpenter.kwok.sh", "v1alpha1"
 CRDS = (
@@ -176,6 +181,7 @@ class Karpenter:
         self.proc: subprocess.Popen | None = None
         self.metrics_port = self.health_port = 0
         self.log = plane.root / "karpenter.log"
+        self.ice_file = plane.root / "karpenter-ice.rules"
         self._api_client: Any = None
 
     # -- life ---------------------------------------------------------------------------------
@@ -208,6 +214,8 @@ class Karpenter:
             "BATCH_IDLE_DURATION": "200ms",
             "BATCH_MAX_DURATION": "2s",
             "CPU_REQUESTS": "1000",
+            ICE_FILE_ENV: str(self.ice_file),
+            ICE_TTL_ENV: "3m",  # the AWS provider's unavailable-offerings cache
         }
         self.proc = spawn(binary, (), self.log, env=env)
         self._wait(until, "karpenter /readyz", lambda: self._health("/readyz"))
@@ -321,6 +329,20 @@ class Karpenter:
             "Karpenter's NodeClaims and nodes gone",
             lambda: not self.nodeclaims() and not core.list_node(label_selector=selector).items,
         )
+
+    def out_of_capacity(self, *rules: dict[str, str]) -> None:
+        """The test cloud has no capacity for the offerings each rule matches (all its labels:
+        ``karpenter.sh/capacity-type``, ``topology.kubernetes.io/zone``,
+        ``node.kubernetes.io/instance-type``): a NodeClaim all of whose offerings are out fails
+        to launch with an ``InsufficientCapacityError``, and those offerings are then listed
+        unavailable for 3 minutes while the file stays as written. No rules: capacity is back
+        at once (and a later call starts afresh)."""
+        lines = [",".join(f"{k}={v}" for k, v in sorted(r.items())) for r in rules]
+        # a new file each time: the provider keys what failed by the file's content
+        lines.insert(0, f"# written at {time.time()!r}")
+        tmp = self.ice_file.with_suffix(".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in lines))
+        tmp.replace(self.ice_file)  # read whole by the provider at every call
 
     def listening(self) -> list[tuple[str, int]]:
         """The (address, port) pairs Karpenter's process listens on (TCP)."""
