@@ -53,7 +53,7 @@ def _task(args: tuple) -> tuple[float, list[float]]:
     out = []
     for params in CANDIDATES:
         policy = DeadlineAware(params)
-        policy._model = model  # the prior this family is replayed with
+        policy._models[params.prior] = model  # the prior this family is replayed with
         out.append(sum(replay(policy, t, job, observe=OBSERVE).cost for t in windows))
     return up, out
 

@@ -95,7 +95,7 @@ def _cell(args: tuple) -> tuple[Setting, float, float, list[float]]:
         costs = []
         for i, t in enumerate(windows):
             policy = DeadlineAware()
-            policy._model = ms[row][i // per_env]
+            policy._models[policy.params.prior] = ms[row][i // per_env]
             costs.append(replay(policy, t, job, observe=OBSERVE).cost)
         out.append(float(np.mean(costs)))
     return setting, up, om, out

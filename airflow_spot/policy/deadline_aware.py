@@ -29,6 +29,10 @@ the last of the paper's windows; ``benchmarks/fit_deadline_aware.py`` replays 20
 without it, and keeps the best worst cell among those within 0.25 points of the best mean
 over the 18 cells: f=0.4, settle=0 (4.58 % below UP there, every cell at least 3.41 % below;
 fitted in sample it picks the same).
+
+A gang (``job.nodes > 1``) plans on its own prior, ``gang``: a gang runs only while all its
+nodes can, and those runs are shorter than one node's (fitted on the polarized AWS p3 4-node
+traces; ``benchmarks/gang_grid.py`` replays each zone with a prior fitted without it).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Params:
     floor: float = 1.0  # changeovers added to the floor
     settle: float = 0.0  # changeovers spot must have been up (less one look) to leave on-demand
     prior: str = "default"  # the availability model (``policy/priors/<name>.json``)
+    gang_prior: str = "gang"  # a gang's (``job.nodes > 1``): all its nodes up at once
     miss_penalty: float = 10.0  # a missed deadline costs this many all-on-demand jobs
 
 
@@ -73,25 +78,34 @@ class DeadlineAware(Policy):
     def __init__(self, params: Params | None = None) -> None:
         self.params = params or Params()
         priors.path(self.params.prior)  # an unknown name fails here, naming the choices
-        self._model: HazardModel | None = None
+        priors.path(self.params.gang_prior)
+        self._models: dict[str, HazardModel] = {}
         self._plans: list[tuple[HazardModel, tuple, Plan, HazardModel]] = []  # newest first
 
     @property
     def model(self) -> HazardModel:
-        """The availability prior, loaded on first use (not when a DAG file is parsed)."""
-        if self._model is None:
+        """The availability prior of a job of one node."""
+        return self.model_for(1)
+
+    def model_for(self, nodes: int) -> HazardModel:
+        """The availability prior of a job of ``nodes`` (a gang's is its own), loaded on first
+        use (not when a DAG file is parsed)."""
+        name = self.params.prior if nodes == 1 else self.params.gang_prior
+        model = self._models.get(name)
+        if model is None:
             from airflow_spot.policy.hazard import prior
 
-            self._model = prior(self.params.prior)
-        return self._model
+            model = self._models[name] = prior(name)
+        return model
 
     def __repr__(self) -> str:
         return f"DeadlineAware({self.params})"
 
     @classmethod
     def with_option(cls, option: str) -> DeadlineAware:
-        """``deadline_aware@<prior>``: the same policy on another availability prior."""
-        return cls(Params(prior=option))
+        """``deadline_aware@<prior>``: the same policy on another availability prior (for a
+        job of any size)."""
+        return cls(Params(prior=option, gang_prior=option))
 
     def plan(self, job: JobSpec) -> tuple[Plan, HazardModel]:
         """The plan for ``job`` and the model it was solved on (kept for the next look).
@@ -108,11 +122,12 @@ class DeadlineAware(Policy):
         least = max(job.deadline_s / MAX_PLAN_STEPS, job.changeover_s / MAX_CHANGEOVER_STEPS)
         if least > step:
             step *= plans.grid_up(least / step * 1024) / 1024
-        if self._plans and self._plans[0][0] is not self.model:
+        base = self.model_for(job.nodes)
+        if self._plans and self._plans[0][0] is not base:
             self._plans.clear()  # the prior was swapped
         model = next((m for *_, m in self._plans if m.tick_s == step), None)
         if model is None:
-            model = self.model.for_tick(step)
+            model = base.for_tick(step)
         key = plans.shape(
             model,
             step,
@@ -132,7 +147,7 @@ class DeadlineAware(Policy):
         grew = any(plans.same_but_slack(have, key) for _, have, *_ in self._plans)
         plan = plans.solve_shape(key, room=1.25 if grew else 1.0, cache_dir=self.plan_cache)
         key = (*key[:4], plan.max_slack, *key[5:])
-        self._plans.insert(0, (self.model, key, plan, model))
+        self._plans.insert(0, (base, key, plan, model))
         del self._plans[KEEP_PLANS:]
         return plan, model
 

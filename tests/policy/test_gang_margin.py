@@ -82,3 +82,25 @@ def test_every_policy_meets_the_deadline_with_the_margin_kept() -> None:
                 get_policy(name), dead, job, observe=observe, gang=Gang(acquire=Acquire(6 * TICK))
             )
             assert r.met, (name, observe)
+
+
+def test_a_gang_plans_on_the_gang_prior_and_one_node_on_its_own() -> None:
+    """A gang's runs are those of all its nodes at once (shorter than one node's): its plan is
+    solved on the ``gang`` prior; a job of one node keeps ``default``; ``@<prior>`` names the
+    prior of both."""
+    from airflow_spot.policy.deadline_aware import DeadlineAware, Params
+
+    policy = get_policy("deadline_aware")
+    assert isinstance(policy, DeadlineAware)
+    obs = Observation(now=HOUR, done_s=0.5 * HOUR, spot_available=False)
+    one, gang = policy.plan(JOB)[1], policy.plan(replace(JOB, nodes=4))[1]
+    assert "default" not in gang.source and "aws-p3-4node" in gang.source
+    assert "aws-p3-4node" not in one.source and policy.model is policy.model_for(1)
+    # a run of all 4 nodes is expected to be shorter than one node's run
+    assert gang.expected_left_s(True, 0) < one.expected_left_s(True, 0)
+    policy.choose(replace(JOB, nodes=4), obs)  # a decision on the gang's plan
+    named = get_policy("deadline_aware@aws-p3")
+    assert isinstance(named, DeadlineAware)
+    assert named.model_for(4) is named.model_for(1)
+    with pytest.raises(ValueError, match="unknown availability prior 'nope'"):
+        DeadlineAware(Params(gang_prior="nope"))
