@@ -32,13 +32,13 @@ build() {  # name moduledir package ldflags
 }
 
 # karpenter-kwok, its operator's servers on 127.0.0.1 and the kwok provider able to emulate
-# insufficient capacity. The stamp beside the binary says it was built with both patches (a
+# insufficient capacity and to launch reserved offerings. The stamp beside the binary says it was built with both patches (a
 # binary without it, from an earlier version of this script, is rebuilt).
 KARPENTER=sigs.k8s.io/karpenter
 OPERATOR_GO=pkg/operator/operator.go
 KWOK_CP_GO=kwok/cloudprovider/cloudprovider.go
 build_karpenter() {
-  local name=karpenter-kwok stamp="$bin/karpenter-kwok.loopback-ice"
+  local name=karpenter-kwok stamp="$bin/karpenter-kwok.loopback-ice-reserved"
   if [ -x "$bin/$name" ] && [ -f "$stamp" ]; then
     echo "k8s-build: $name already built ($bin/$name, servers on 127.0.0.1, emulated ICE)"; return 0
   fi
@@ -73,7 +73,8 @@ build_karpenter() {
     go build -p "$P" -trimpath -ldflags "-s -w" -o "$bin/$name.tmp" "$KARPENTER/kwok")
   mv "$bin/$name.tmp" "$bin/$name"
   printf '%s\n' "$KARPENTER@$ver $OPERATOR_GO: metrics and health servers on 127.0.0.1" \
-    "$KARPENTER@$ver $KWOK_CP_GO: Create and GetInstanceTypes wrapped by patches/kwok_ice.go" > "$stamp"
+    "$KARPENTER@$ver $KWOK_CP_GO: Create and GetInstanceTypes wrapped by patches/kwok_ice.go" \
+    "$KARPENTER@$ver kwok/cloudprovider: cloudprovider.ReservationIDLabel set (patches/kwok_ice.go)" > "$stamp"
   echo "k8s-build: $name built in $((SECONDS - t0)) s"
 }
 

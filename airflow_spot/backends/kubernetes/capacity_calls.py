@@ -127,19 +127,31 @@ def read_request(view: Any, namespace: str, name: str) -> Any:
 
 
 def delete_request(api: Any, name: str) -> None:
-    """Delete the request and its PodTemplate; gone already (404) is fine."""
+    """Delete the request and its PodTemplate; gone already (404) is fine. A 403 is the
+    ``BackendError`` that names the RBAC rule to add (the garbage collector would delete both
+    with the Job, but a request left there keeps the capacity it booked for 10 minutes)."""
     from kubernetes.client import CustomObjectsApi
     from kubernetes.client.exceptions import ApiException
 
+    from airflow_spot.backends.kubernetes.api import api_message
     from airflow_spot.backends.kubernetes.provisioning import GROUP, PLURAL, VERSION
+    from airflow_spot.exceptions import BackendError
 
     ns, custom = api.namespace, CustomObjectsApi(api.core.api_client)
-    for delete in (
-        lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name),
-        lambda: api.core.delete_namespaced_pod_template(name, ns),
+    for kind, delete in (
+        (
+            "ProvisioningRequest",
+            lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name),
+        ),
+        ("PodTemplate", lambda: api.core.delete_namespaced_pod_template(name, ns)),
     ):
         try:
             delete()
         except ApiException as e:
-            if e.status != 404:
-                raise
+            if e.status == 404:
+                continue
+            hint = PR_HINT if e.status == 403 else ""
+            raise BackendError(
+                f"could not delete the gang's {kind} {name}: {e.status} {e.reason}{hint}"
+                f"{api_message(e)}"
+            ) from e

@@ -21,6 +21,18 @@ count covers the first NodeClaim of each pod, which is the one that answers firs
   each), and none failed (up, at the last launch);
 * else unknown (None): nothing named yet, a launch still on its way, or NodeClaims gone.
 
+After an ICE Karpenter does not give up on the pod: the cloud provider lists the offering
+unavailable (the AWS provider for 3 minutes), the launch controller deletes the NodeClaim, and
+the provisioner, the pod still pending, schedules it again on the offerings left, within one
+batch (1 s after the last pending pod, 10 s at most by default): a new NodeClaim if one fits,
+else a ``FailedScheduling`` event on the pod. The new NodeClaim is not named to us (the
+``Nominated`` event is deduplicated, above), so :attr:`ClaimCount.trying` keeps every NodeClaim
+of the cluster that may still bring a node (not failed, not deleting, not yet initialized, or
+initialized less than :data:`CAPACITY_SETTLE_S` ago: its pods are being bound): a waiting gang
+ends early on "fewer than N" only when that is empty :data:`CAPACITY_SETTLE_S` after the
+newest ICE (:func:`~.gating.short_of_n`). Another workload's launches count too: on a busy
+cluster the gang may then wait out its timeout, the safe side.
+
 Events and NodeClaims are the API's JSON or the python client's ``to_dict()`` (both read).
 """
 
@@ -38,6 +50,9 @@ from airflow_spot.backends.signals import SpotSignal
 NOMINATED_REASON = "Nominated"
 _CLAIM = re.compile(r"\bnodeclaim/([a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
 EARLY_S = 5.0  # events this much older than the gang's pods still count (clock skew)
+# how long "fewer than N" must stand before a waiting gang ends on it: past Karpenter's 10 s
+# batch, so that a retry on another offering has made its NodeClaim (see the module's notes)
+CAPACITY_SETTLE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,7 @@ class ClaimCount:
     nominated: Mapping[str, str]  # pod -> the NodeClaim it was nominated to
     failed: Mapping[str, float]  # NodeClaim -> when it failed for capacity
     launched: Mapping[str, float]  # NodeClaim -> when it launched (an instance exists)
+    trying: tuple[str, ...] = ()  # NodeClaims that may still bring a node (any workload's)
 
     @property
     def claims(self) -> set[str]:
@@ -116,6 +132,30 @@ def launches(nodeclaims: Iterable[Any], claims: Iterable[str]) -> dict[str, floa
     return out
 
 
+def in_flight(nodeclaims: Iterable[Any], failed: Iterable[str], now: float) -> tuple[str, ...]:
+    """NodeClaims that may still bring a node: not ``failed``, not being deleted, and not
+    initialized (its node Ready, startup taints gone) or initialized less than
+    :data:`CAPACITY_SETTLE_S` ago (the pods it was made for are being bound)."""
+    gone, out = set(failed), []
+    for nc in map(as_dict, nodeclaims):
+        meta = pick(nc, "metadata") or {}
+        name = pick(meta, "name")
+        if not name or name in gone or pick(meta, "deletion_timestamp", "deletionTimestamp"):
+            continue
+        ready = next(
+            (
+                c
+                for c in pick(pick(nc, "status") or {}, "conditions") or []
+                if pick(c, "type") == "Initialized" and pick(c, "status") == "True"
+            ),
+            None,
+        )
+        at = wall_time(pick(ready, "last_transition_time", "lastTransitionTime")) if ready else None
+        if ready is None or at is None or now - at < CAPACITY_SETTLE_S:
+            out.append(str(name))
+    return tuple(sorted(out))
+
+
 def claim_count(
     nodes: int,
     pods: Iterable[str],
@@ -128,9 +168,10 @@ def claim_count(
     """Count what Karpenter did for the gang's ``pods`` (made at ``since``): their
     nominations, and which of those NodeClaims failed for capacity or launched."""
     nominated = nominations(pod_events, pods, since)
-    claims = set(nominated.values())
+    claims, nodeclaims = set(nominated.values()), list(nodeclaims)
+    failed = capacity_failures(ice_events, claims, now)
     return ClaimCount(
-        nodes, nominated, capacity_failures(ice_events, claims, now), launches(nodeclaims, claims)
+        nodes, nominated, failed, launches(nodeclaims, claims), in_flight(nodeclaims, failed, now)
     )
 
 

@@ -15,7 +15,9 @@ While a spot gang waits behind its gate, its capacity is read as an observation 
 "fewer than N", unknown) into the status's ``evidence["capacity"]``: Karpenter's NodeClaims for
 its placeholders (:mod:`.capacity_signals`), or with ``capacity_check="provisioning-request"``
 the ``check-capacity`` ProvisioningRequest that gates it instead of placeholders
-(:mod:`.provisioning`), whose ``Provisioned=True`` grants the gang's capacity (the gates lift).
+(:mod:`.provisioning`), whose ``Provisioned=True`` grants the gang's capacity (the gates lift);
+read by :mod:`.gang_capacity`. A "fewer than N" that stands with no launch on its way ends the
+gang before its timeout, given up as the timeout gives it up (:func:`.gating.short_of_n`).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from airflow_spot.backends.kubernetes.gang_verdict import (
 )
 from airflow_spot.backends.kubernetes.gating import (
     GRANTED_ANNOTATION,
+    GangCapacity,
     build_placeholders,
-    placeholder_name,
 )
 from airflow_spot.backends.kubernetes.podread import found_attempt, launched_attempt, same_object
 from airflow_spot.backends.kubernetes.provisioning import (
@@ -62,7 +64,6 @@ from airflow_spot.backends.kubernetes.vocabulary import (
     NOTICE_ANNOTATION,
     RELEASED_ANNOTATION,
 )
-from airflow_spot.backends.signals import SpotSignal
 from airflow_spot.exceptions import BackendError, ConfigError, finite_number
 from airflow_spot.jobstate import AttemptHandle
 
@@ -108,7 +109,7 @@ class Gang:
         self.n = int(backend.nodes)
         self.api = GangApi(backend.api)
         self.by_request = backend.capacity_check == PROVISIONING_REQUEST
-        self.capacity: SpotSignal | None = None  # what the last look saw of the gang's N
+        self.capacity: GangCapacity | None = None  # what the last look saw of the gang's N
 
     # -- launching ----------------------------------------------------------------------------
     def launch(
@@ -198,7 +199,9 @@ class Gang:
         job_name = _job(handle)
         job = self.api.read_job(job_name)
         if job is not None and handle.capacity == "spot":
-            self.capacity = self._waiting_capacity(handle, job, now)
+            from airflow_spot.backends.kubernetes.gang_capacity import waiting_capacity
+
+            self.capacity = waiting_capacity(self, job, float(handle.launched_at or now), now)
         pods = self.api.rank_pods(job_name)
         placeholders = self.api.placeholders(job_name) if job is not None else []
         names = rank_nodes(handle.node, self.n)
@@ -225,38 +228,13 @@ class Gang:
     def status(self, handle: AttemptHandle) -> AttemptStatus:
         """Judge one look at the gang (:func:`.gang_verdict.judge_gang`), recording what it saw
         in ``handle``; what is due is left to :meth:`carry_out`."""
-        seen = judge_gang(handle, self.look(handle, time.time()), self.timeouts)
+        look = self.look(handle, time.time())
+        seen = judge_gang(handle, look, self.timeouts, self.capacity)
         for field, value in seen.record.items():
             setattr(handle, field, value)
-        if self.capacity is not None:
-            seen.status.evidence["capacity"] = self.capacity.to_dict()
         if seen.default_used:
             log.warning("Gang %s: %s.", _job(handle), seen.status.reason)
         return seen.status
-
-    def _waiting_capacity(self, handle: AttemptHandle, job: Any, now: float) -> SpotSignal | None:
-        """The gang's N while it waits behind its gate (None once granted, or unknown): its
-        ProvisioningRequest's answer, whose "N seen" the Job records as the grant (the gates
-        lift on it), or Karpenter's NodeClaims for its placeholders."""
-        from airflow_spot.backends.kubernetes.capacity_calls import read_request
-        from airflow_spot.backends.kubernetes.probing import claims_signal
-        from airflow_spot.backends.kubernetes.provisioning import read_request as answer
-
-        annotations = job.metadata.annotations or {}
-        if GRANTED_ANNOTATION in annotations:
-            return None
-        name, ns = _job(handle), self.b.namespace
-        if not self.by_request:
-            held = [placeholder_name(name, k) for k in range(self.n)]
-            return claims_signal(self.b, ns, held, float(handle.launched_at or now), now)
-        seen = answer(read_request(self.b.cluster, ns, request_name(name)), self.n)
-        if (
-            seen is not None
-            and seen.up
-            and self.api.annotate_job(name, {GRANTED_ANNOTATION: repr(seen.at)})
-        ):
-            job.metadata.annotations = {**annotations, GRANTED_ANNOTATION: repr(seen.at)}
-        return seen
 
     @property
     def timeouts(self) -> Timeouts:
@@ -285,8 +263,8 @@ class Gang:
             self._stop_ranks(job)
 
     def _lift_gates(self, job: str, granted_at: float | None) -> None:
-        """All N placeholders are placed: the Job records when (the gang's capacity granted),
-        they go, and the ranks' gates are lifted."""
+        """All N placeholders are placed (or the ProvisioningRequest provisioned): the Job
+        records when (the gang's capacity granted), they go, and the ranks' gates are lifted."""
         if granted_at is not None:
             self.api.annotate_job(job, {GRANTED_ANNOTATION: repr(granted_at)})
         for p in self.api.placeholders(job):
@@ -294,7 +272,12 @@ class Gang:
         lifted = [
             p.metadata.name for p in self.api.rank_pods(job) if self.api.lift_gate(p.metadata.name)
         ]
-        log.info("Gang %s: all %d nodes placed; gates lifted on %s.", job, self.n, lifted)
+        granted = (
+            f"its ProvisioningRequest {request_name(job)} was provisioned (all {self.n} fit)"
+            if self.by_request
+            else f"all {self.n} nodes placed"
+        )
+        log.info("Gang %s: %s; gates lifted on %s.", job, granted, lifted)
 
     def _stop_ranks(self, job: str) -> None:
         """The verdict is in: the ranks still running are stopped (they save on SIGTERM)."""
@@ -315,19 +298,20 @@ class Gang:
         return done
 
     def _delete(self, job: str, grace: int) -> None:
-        """Delete the whole gang: placeholders, rank pods (with ``grace``), Job, Service."""
+        """Delete the whole gang: placeholders, rank pods (with ``grace``), Job, Service, and
+        its ProvisioningRequest and PodTemplate."""
         from airflow_spot.backends.kubernetes.gang_launch import service_name
 
         for p in self.api.placeholders(job):
             self.b.api.delete_pod(p.metadata.name, grace=0, what="placeholder")
         for p in self.api.rank_pods(job):
             self.b.api.delete_pod(p.metadata.name, grace=grace)
-        if self.by_request:
+        self.api.delete_job(job)
+        self.api.delete_service(service_name(job))
+        if self.by_request:  # last: a refusal (403, a clear error) leaves the gang deleted
             from airflow_spot.backends.kubernetes.capacity_calls import delete_request
 
             delete_request(self.b.api, request_name(job))
-        self.api.delete_job(job)
-        self.api.delete_service(service_name(job))
 
     # -- the rest of the protocol ---------------------------------------------------------
     def release_hold(self, handle: AttemptHandle) -> None:

@@ -22,7 +22,8 @@ its node and their events), then the gang's verdict is the first failure's cause
   from a healthy node) is never a cause;
 * all ranks succeeded: ``succeeded``.
 
-Ranks must be on nodes within the partial-gang timeout (:mod:`.gating`). What a look records
+Ranks must be on nodes within the partial-gang timeout, or sooner when the gang's capacity
+check says "fewer than N" with no launch on its way (:mod:`.gating`). What a look records
 lives in the attempt's handle, so the verdict stands after pods and nodes are gone: ``pod`` is
 the Job, ``node`` / ``node_uid`` each rank's node, by rank, comma-separated (node names hold
 no commas), ``notice`` the first reclaim notice on any rank's node.
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_spot.backends.base import AttemptStatus, State
+from airflow_spot.backends.kubernetes.capacity_signals import CAPACITY_SETTLE_S
 from airflow_spot.backends.kubernetes.classify import Classification, Verdict
 from airflow_spot.backends.kubernetes.facts import (
     container_start_error,
@@ -50,7 +52,14 @@ from airflow_spot.backends.kubernetes.gang_ranks import (
     rank_of,
     view_ranks,
 )
-from airflow_spot.backends.kubernetes.gating import Gate, read_gate, timed_out
+from airflow_spot.backends.kubernetes.gating import (
+    GangCapacity,
+    Gate,
+    capacity_seen,
+    read_gate,
+    short_of_n,
+    timed_out,
+)
 from airflow_spot.backends.kubernetes.reading import pick, wall_time
 from airflow_spot.backends.kubernetes.verdict import GIVE_UP, OUTCOMES, RELAY_NOTICE, Judgement
 from airflow_spot.jobstate import AttemptHandle
@@ -65,34 +74,41 @@ class Timeouts:
     pending_s: float = 600.0  # no node held at all
     gang_s: float = 600.0  # a partial gang (the node-seconds it held are reported)
     settle_s: float = 60.0  # how long an application failure waits for a reclaim to show
+    capacity_s: float = CAPACITY_SETTLE_S  # how long "fewer than N" stands before the end
 
 
-def judge_gang(handle: AttemptHandle, look: GangLook, t: Timeouts) -> Judgement:
-    """Judge one look at the gang (see the module's notes)."""
+def judge_gang(
+    handle: AttemptHandle, look: GangLook, t: Timeouts, capacity: GangCapacity | None = None
+) -> Judgement:
+    """Judge one look at the gang (see the module's notes), with what its capacity check
+    says while it waits (``capacity``: a spot gang's; "fewer than N" ends it early)."""
     record = recorded(handle, look)
     seen = replace(handle, **record)
     ranks = view_ranks(seen, look, t.pending_s)
     gate = read_gate(look.job, look.pods, look.placeholders, look.nodes, look.now)
     found = _verdict(seen, look, ranks, t)
-    verdict = found.c
-    limit = None if verdict.terminal else timed_out(
-        gate, float(seen.launched_at or look.now), look.now,
-        pending_timeout_s=t.pending_s, gang_timeout_s=t.gang_s,
-    )  # fmt: skip
+    launched = float(seen.launched_at or look.now)
+    limit: float | None = None
+    short: float | None = None
+    if not found.c.terminal:
+        limit = timed_out(
+            gate, launched, look.now, pending_timeout_s=t.pending_s, gang_timeout_s=t.gang_s
+        )
+        short = short_of_n(gate, capacity, look.now, t.capacity_s)
     due: list[str] = []
-    if limit is not None:
-        verdict = _gave_up(seen, gate, limit)
-        found = Found(verdict)
+    if limit is not None or short is not None:
+        found = Found(_gave_up(seen, gate, limit, short, t))
         due.append(GIVE_UP)
-    elif verdict.terminal and any(r.live for r in ranks):
+    elif found.c.terminal and any(r.live for r in ranks):
         due.append(STOP_RANKS)
-    elif not verdict.terminal:
+    elif not found.c.terminal:
         due += _due(seen, look, ranks, gate)
-    return Judgement(
-        _status(seen, look, ranks, gate, found, tuple(due)),
-        record,
-        verdict.default_used,
-    )
+    status = _status(seen, look, ranks, gate, found, tuple(due))
+    if seen.capacity == "spot" and (GIVE_UP in due or not found.c.terminal):
+        sig = capacity_seen(gate, capacity, launched, look.now)
+        if sig is not None:
+            status.evidence["capacity"] = sig.to_dict()
+    return Judgement(status, record, found.c.default_used)
 
 
 def recorded(handle: AttemptHandle, look: GangLook) -> dict[str, Any]:
@@ -282,15 +298,23 @@ def _job_disruption(seen: AttemptHandle, look: GangLook) -> Classification | Non
     return None
 
 
-def _gave_up(seen: AttemptHandle, gate: Gate, limit: float) -> Classification:
-    """The partial-gang (or pending) timeout passed: the gang is deleted."""
-    spot = seen.capacity == "spot"
+def _gave_up(
+    seen: AttemptHandle, gate: Gate, limit: float | None, short: float | None, t: Timeouts
+) -> Classification:
+    """The partial-gang (or pending) timeout passed, or the capacity check said "fewer than
+    N" for ``short`` seconds with no launch on its way: the gang is deleted."""
     what = "a partial gang" if gate.held_at is not None else "no node"
+    why = f" after {limit:.0f} s" if limit is not None else (
+        f", fewer than {gate.nodes} for {short:.0f} s with no launch on its way (not waiting out "
+        f"the {t.gang_s:.0f} s timeout)"
+    )  # fmt: skip
     return Classification(
-        Verdict.SPOT_UNAVAILABLE if spot else Verdict.INFRA_DISRUPTION,
-        f"{what}: {gate.bound or gate.placed} of {gate.nodes} nodes after {limit:.0f} s; "
-        "the gang is deleted",
-        (f"held {gate.holding} of {gate.nodes}", f"timeout {limit:.0f} s"),
+        Verdict.SPOT_UNAVAILABLE if seen.capacity == "spot" else Verdict.INFRA_DISRUPTION,
+        f"{what}: {gate.bound or gate.placed} of {gate.nodes} nodes{why}; the gang is deleted",
+        (
+            f"held {gate.holding} of {gate.nodes}",
+            f"timeout {limit:.0f} s" if limit is not None else f"fewer than N {short:.0f} s",
+        ),
     )
 
 

@@ -15,7 +15,11 @@ since each placeholder was placed.
 If not all N ranks are on nodes within the partial-gang timeout (``gang_timeout_s``, 10 min
 by default; ``pending_timeout_s`` while no node at all is held) the gang is deleted,
 placeholders and all, and the attempt ends ``spot_unavailable``: a failed spot attempt,
-:func:`timed_out`.
+:func:`timed_out`. It ends so sooner when its capacity check says "fewer than N" and nothing
+may still change that (:func:`short_of_n`): Karpenter's ICE on a NodeClaim of its pods with no
+NodeClaim left on its way, or the ProvisioningRequest's ``CapacityIsNotFound``, standing for
+``CAPACITY_SETTLE_S`` (15 s). A gang that waits with no such answer shows its own waiting
+instead (:func:`pending_signal`): "fewer than N: k of N pods pending for T s".
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from airflow_spot.backends.kubernetes.probe import (
     build_probe,
 )
 from airflow_spot.backends.kubernetes.reading import as_dict, pick, wall_time
+from airflow_spot.backends.signals import SpotSignal
 
 PLACEHOLDER_LABEL = "airflow-spot/placeholder-of"  # the Job a placeholder holds nodes for
 GRANTED_ANNOTATION = "airflow-spot/gang-granted-at"  # on the Job: when all N were placed
+PENDING_SIGNAL_S = 30.0  # a gang waiting this long with no better answer shows "fewer than N"
 
 
 def placeholder_name(job: str, k: int) -> str:
@@ -145,6 +151,59 @@ def timed_out(
         return gang_timeout_s if now - gate.granted_at >= gang_timeout_s else None
     limit = gang_timeout_s if gate.held_at is not None else pending_timeout_s
     return limit if now - launched_at >= limit else None
+
+
+@dataclass(frozen=True)
+class GangCapacity:
+    """What a waiting spot gang's capacity check says (:mod:`.gang_capacity` reads it)."""
+
+    signal: SpotSignal | None  # "N seen", "fewer than N", or None (unknown)
+    trying: tuple[str, ...] = ()  # NodeClaims that may still bring a node (Karpenter's retry)
+
+
+def short_of_n(
+    gate: Gate, capacity: GangCapacity | None, now: float, settle_s: float
+) -> float | None:
+    """How long "fewer than N" has stood, once the gang should end on it (None: not yet).
+
+    Only an answer of the capacity check counts (Karpenter's ICE on a NodeClaim of the gang's
+    pods, the ProvisioningRequest's ``CapacityIsNotFound``), never the gang's own waiting
+    (:func:`pending_signal`: that is what the timeouts are for), and only while the gang's
+    capacity is not granted. It must stand ``settle_s`` from its newest evidence with no
+    NodeClaim still on its way: Karpenter retries a pod whose launch failed for capacity on
+    the offerings left, within its batch window (:mod:`.capacity_signals`)."""
+    if capacity is None or gate.granted_at is not None or gate.all_bound or capacity.trying:
+        return None
+    sig = capacity.signal
+    if sig is None or sig.up or sig.source == "request":
+        return None
+    stood = now - sig.at
+    return stood if stood >= settle_s else None
+
+
+def pending_signal(gate: Gate, launched_at: float, now: float) -> SpotSignal | None:
+    """A gang still short of N nodes :data:`PENDING_SIGNAL_S` after its launch, its capacity
+    not granted: "fewer than N" (source ``request``, at ``now``), the pods still pending
+    counted (placeholders, or the gated ranks of a ProvisioningRequest's gang)."""
+    waited = now - launched_at
+    if gate.granted_at is not None or gate.all_bound or waited < PENDING_SIGNAL_S:
+        return None
+    pending = max(0, gate.nodes - gate.holding)
+    detail = (
+        f"fewer than {gate.nodes}: {pending} of {gate.nodes} pods pending for {waited:.0f} s "
+        f"(holding {gate.holding})"
+    )
+    return SpotSignal(False, now, "request", "", detail)
+
+
+def capacity_seen(
+    gate: Gate, capacity: GangCapacity | None, launched_at: float, now: float
+) -> SpotSignal | None:
+    """What a spot gang's status shows of its capacity (``evidence["capacity"]``): its capacity
+    check's answer, else its own waiting (:func:`pending_signal`)."""
+    if capacity is not None and capacity.signal is not None:
+        return capacity.signal
+    return pending_signal(gate, launched_at, now)
 
 
 def _gates(pod: Mapping[str, Any]) -> list[Any]:

@@ -10,8 +10,12 @@ names offerings whose launches then fail with an ``InsufficientCapacityError``, 
 (the test cloud's ICE; Karpenter's own handling of it is the real one). Karpenter runs outside the
 cluster (kubeconfig, leader election off, no webhooks), with one KWOKNodeClass and one NodePool:
 
-* ``karpenter.sh/capacity-type`` In [spot, on-demand], amd64 / linux; spot is the cheaper
-  offering of every kwok instance type (none has GPUs);
+* ``karpenter.sh/capacity-type`` In [spot, on-demand, reserved], amd64 / linux; spot is the
+  cheaper offering of every kwok instance type (none has GPUs). One capacity reservation
+  (:data:`RESERVATION`: instance type, zone, id, capacity) is a ``reserved`` offering added to
+  kwok's instance types (the file it reads, ``INSTANCE_TYPES_FILE_PATH``), which Karpenter's
+  ReservedCapacity feature launches (the patched provider names its reservation label,
+  :data:`RESERVATION_LABEL`); only pods that allow ``reserved`` get it;
 * its nodes are tainted :data:`TAINT`, so Karpenter makes nodes only for pods that tolerate it
   (:data:`TOLERATION`) and leaves everyone else's pending pods to our kubelet's autoscaler;
 * labelled for our kwok (which keeps them Ready) and adopted by our kubelet (which runs their
@@ -60,7 +64,7 @@ from airflow_spot.testing.cluster.plane import (
 
 KARPENTER_VERSION = "v1.14.1"  # tools/k8s/karpenter/go.mod
 BINARY = "karpenter-kwok"
-STAMP = "karpenter-kwok.loopback-ice"  # written by build.sh beside a binary built patched
+STAMP = "karpenter-kwok.loopback-ice-reserved"  # written by build.sh beside a patched binary
 ICE_FILE_ENV = "AIRFLOW_SPOT_KWOK_ICE_FILE"  # read by the patched kwok provider at each call
 ICE_TTL_ENV = "AIRFLOW_SPOT_KWOK_ICE_TTL"  # how long it lists an ICE'd offering unavailable
 GROUP, VERSION = "karpenter.sh", "v1"
@@ -78,6 +82,9 @@ STARTUP_TAINT = {"key": "airflow-spot/node-agent-not-ready", "effect": "NoSchedu
 REGISTERED_LABEL = "karpenter.sh/registered"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 CAPACITY_TYPE = "karpenter.sh/capacity-type"
+RESERVATION_LABEL = "airflow-spot.test/reservation-id"  # tools/k8s/patches/kwok_ice.go
+RESERVATION = {"instance_type": "c-1x-amd64-linux", "zone": "test-zone-a", "id": "kwok-cr-1",
+               "capacity": 4}  # fmt: skip
 
 
 def module_dir() -> Path:
@@ -127,6 +134,31 @@ def nodeclass(name: str) -> dict[str, Any]:
     }
 
 
+def instance_types() -> list[dict[str, Any]]:
+    """kwok's instance types (its embedded file) with :data:`RESERVATION`'s ``reserved``
+    offering added, priced below spot (a reservation is paid for already)."""
+    import json
+
+    path = module_dir() / "kwok" / "cloudprovider" / "instance_types.json"
+    types = json.loads(path.read_text())
+    it = next(t for t in types if t["name"] == RESERVATION["instance_type"])
+    spot = min(o["Price"] for o in it["offerings"])
+    it["offerings"].append(
+        {
+            "Price": spot / 1000,
+            "Available": True,
+            "ReservationCapacity": RESERVATION["capacity"],
+            "Requirements": [
+                {"key": CAPACITY_TYPE, "operator": "In", "values": ["reserved"]},
+                {"key": "topology.kubernetes.io/zone", "operator": "In",
+                 "values": [RESERVATION["zone"]]},
+                {"key": RESERVATION_LABEL, "operator": "In", "values": [RESERVATION["id"]]},
+            ],
+        }
+    )  # fmt: skip
+    return types
+
+
 def nodepool(name: str, nodeclass_name: str, consolidate_after: str = "0s") -> dict[str, Any]:
     """The NodePool: spot and on-demand, tainted, our kwok's label, fast consolidation."""
     return {
@@ -143,7 +175,11 @@ def nodepool(name: str, nodeclass_name: str, consolidate_after: str = "0s") -> d
                         "name": nodeclass_name,
                     },
                     "requirements": [
-                        {"key": CAPACITY_TYPE, "operator": "In", "values": ["spot", "on-demand"]},
+                        {
+                            "key": CAPACITY_TYPE,
+                            "operator": "In",
+                            "values": ["spot", "on-demand", "reserved"],
+                        },
                         {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
                         {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
                     ],
@@ -182,6 +218,7 @@ class Karpenter:
         self.metrics_port = self.health_port = 0
         self.log = plane.root / "karpenter.log"
         self.ice_file = plane.root / "karpenter-ice.rules"
+        self.instance_types = plane.root / "kwok-instance-types.json"
         self._api_client: Any = None
 
     # -- life ---------------------------------------------------------------------------------
@@ -201,6 +238,9 @@ class Karpenter:
     def _start(self, binary: Path, until: float) -> None:
         self._apply_crds(until)
         kubeconfig = self.plane.issue_kubeconfig("karpenter", "karpenter", "system:masters")
+        import json
+
+        self.instance_types.write_text(json.dumps(instance_types()))
         self.metrics_port, self.health_port = free_port(), free_port()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -216,6 +256,7 @@ class Karpenter:
             "CPU_REQUESTS": "1000",
             ICE_FILE_ENV: str(self.ice_file),
             ICE_TTL_ENV: "3m",  # the AWS provider's unavailable-offerings cache
+            "INSTANCE_TYPES_FILE_PATH": str(self.instance_types),
         }
         self.proc = spawn(binary, (), self.log, env=env)
         self._wait(until, "karpenter /readyz", lambda: self._health("/readyz"))

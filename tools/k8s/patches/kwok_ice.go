@@ -16,6 +16,14 @@
 // offerings cache) and while the rule is still in the file, GetInstanceTypes lists those
 // offerings unavailable, so Karpenter stops trying them, as it does on AWS. Any change to the
 // file starts afresh (a failure counts for the file's content it happened under).
+//
+// It also names the reservation label of reserved capacity (reservationLabel): Karpenter core
+// tells reserved offerings apart by cloudprovider.ReservationIDLabel, which each cloud provider
+// sets (AWS: karpenter.k8s.aws/capacity-reservation-id) and the upstream kwok provider leaves
+// empty, so a reserved offering in an instance-types file (INSTANCE_TYPES_FILE_PATH) would
+// give its NodeClaim a requirement with an empty key (and the NodeClaim CRD refuses new keys
+// of the karpenter.kwok.sh domain, hence another domain). With it, Karpenter's ReservedCapacity
+// feature (on by default in v1.14) launches reserved offerings from the kwok provider.
 package kwok
 
 import (
@@ -37,6 +45,14 @@ const (
 	iceFileEnv = "AIRFLOW_SPOT_KWOK_ICE_FILE"
 	iceTTLEnv  = "AIRFLOW_SPOT_KWOK_ICE_TTL"
 )
+
+const reservationLabel = "airflow-spot.test/reservation-id"
+
+func init() {
+	if cloudprovider.ReservationIDLabel == "" {
+		cloudprovider.ReservationIDLabel = reservationLabel
+	}
+}
 
 var iceHits = struct {
 	sync.Mutex
@@ -101,7 +117,7 @@ func outOf(rules map[string]map[string]string, labels map[string]string) string 
 func (c CloudProvider) Create(ctx context.Context, nodeClaim *v1.NodeClaim) (*v1.NodeClaim, error) {
 	rules, version := iceRules()
 	if len(rules) == 0 {
-		return c.createUpstream(ctx, nodeClaim)
+		return c.launch(ctx, nodeClaim)
 	}
 	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
 	hit, offerings := map[string]bool{}, 0
@@ -114,13 +130,13 @@ func (c CloudProvider) Create(ctx context.Context, nodeClaim *v1.NodeClaim) (*v1
 			offerings++
 			rule := outOf(rules, offeringLabels(it, of))
 			if rule == "" {
-				return c.createUpstream(ctx, nodeClaim) // one offering has capacity
+				return c.launch(ctx, nodeClaim) // one offering has capacity
 			}
 			hit[rule] = true
 		}
 	}
 	if offerings == 0 {
-		return c.createUpstream(ctx, nodeClaim)
+		return c.launch(ctx, nodeClaim)
 	}
 	names := make([]string, 0, len(hit))
 	iceHits.Lock()
@@ -132,6 +148,32 @@ func (c CloudProvider) Create(ctx context.Context, nodeClaim *v1.NodeClaim) (*v1
 	return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf(
 		"insufficient capacity: all %d offerings of NodeClaim %s are out of capacity in the "+
 			"test cloud (%s)", offerings, nodeClaim.Name, strings.Join(names, "; ")))
+}
+
+// launch is the upstream Create given only the NodeClaim's instance types that have an
+// offering it can launch. Upstream's toNode takes the cheapest offering of each instance type
+// the NodeClaim lists and keeps the last type's when that type has none (a nil offering, then
+// a nil dereference in addInstanceLabels): a NodeClaim narrowed to a reserved offering lists
+// instance types without one.
+func (c CloudProvider) launch(ctx context.Context, nodeClaim *v1.NodeClaim) (*v1.NodeClaim, error) {
+	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
+	var keep []string
+	for _, name := range reqs.Get(corev1.LabelInstanceTypeStable).Values() {
+		if it, err := c.getInstanceType(name); err == nil && len(it.Offerings.Available().Compatible(reqs)) > 0 {
+			keep = append(keep, name)
+		}
+	}
+	if len(keep) == 0 {
+		return c.createUpstream(ctx, nodeClaim)
+	}
+	narrowed := nodeClaim.DeepCopy()
+	for i, r := range narrowed.Spec.Requirements {
+		if r.Key == corev1.LabelInstanceTypeStable {
+			narrowed.Spec.Requirements[i].Operator = corev1.NodeSelectorOpIn
+			narrowed.Spec.Requirements[i].Values = keep
+		}
+	}
+	return c.createUpstream(ctx, narrowed)
 }
 
 func (c CloudProvider) GetInstanceTypes(ctx context.Context, nodePool *v1.NodePool) ([]*cloudprovider.InstanceType, error) {

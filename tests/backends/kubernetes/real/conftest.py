@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from airflow_spot.backends.kubernetes.probe import build_priority_class
 from airflow_spot.testing.cluster import write_kubeconfig
 
 RBAC = Path(__file__).resolve().parents[4] / "docker" / "rbac.yaml"
+CRD = Path(__file__).parent / "data" / "provisioningrequests-crd.yaml"  # cluster-autoscaler's
 NS = "ml-training"
 
 
@@ -65,3 +67,23 @@ def sa_kubeconfig(kube_cluster, tmp_path):
     apply_rbac(api, docs)  # put back what a test took away
     for p in api.list_namespaced_pod(NS).items:
         api.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
+
+
+@pytest.fixture
+def crd(kube_cluster):
+    """cluster-autoscaler's ProvisioningRequest CRD on the real API server, Established."""
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(kube_cluster.api.api_client)
+    doc = yaml.safe_load(CRD.read_text())
+    try:
+        ext.create_custom_resource_definition(doc)
+    except client.ApiException as e:
+        assert e.status == 409
+    until = time.monotonic() + 20
+    while time.monotonic() < until:
+        got = ext.read_custom_resource_definition(doc["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True" for c in got.status.conditions or []):
+            return client.CustomObjectsApi(kube_cluster.api.api_client)
+        time.sleep(0.2)
+    raise AssertionError("the ProvisioningRequest CRD is not Established")

@@ -16,10 +16,8 @@ for the ranks once their gates are lifted.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from airflow_spot.backends.base import State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
@@ -36,30 +34,9 @@ from airflow_spot.backends.kubernetes.provisioning import (
 from airflow_spot.exceptions import ConfigError
 from airflow_spot.testing.cluster.looks import look
 
-CRD = Path(__file__).parent / "data" / "provisioningrequests-crd.yaml"
 NS = "ml-training"  # docker/rbac.yaml's namespace
 N = 2
 IDENT = TaskIdentity("gang_dag", "provreq", "manual__2026-01-01T00:00:00+00:00")
-
-
-@pytest.fixture
-def crd(kube_cluster):
-    """cluster-autoscaler's ProvisioningRequest CRD on the real API server, Established."""
-    from kubernetes import client
-
-    ext = client.ApiextensionsV1Api(kube_cluster.api.api_client)
-    doc = yaml.safe_load(CRD.read_text())
-    try:
-        ext.create_custom_resource_definition(doc)
-    except client.ApiException as e:
-        assert e.status == 409
-    until = time.monotonic() + 20
-    while time.monotonic() < until:
-        got = ext.read_custom_resource_definition(doc["metadata"]["name"])
-        if any(c.type == "Established" and c.status == "True" for c in got.status.conditions or []):
-            return client.CustomObjectsApi(kube_cluster.api.api_client)
-        time.sleep(0.2)
-    raise AssertionError("the ProvisioningRequest CRD is not Established")
 
 
 def condition(custom, name: str, status: str, reason: str, message: str) -> None:
