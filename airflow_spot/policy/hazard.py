@@ -148,7 +148,7 @@ class HazardModel:
         down) in a run of ``age_s``, in context ``k`` (the semi-Markov model run forward; a
         run's length decides whether it counts as short when it ends)."""
         steps = int(elapsed_s / self.tick_s + 0.5)
-        return _p_up(self, up, self.bucket(age_s), k, min(steps, 400))
+        return _p_up_series(self, up, self.bucket(age_s), k)[min(max(steps, 0), P_UP_STEPS)]
 
     def to_json(self) -> dict:
         return {
@@ -176,11 +176,18 @@ class HazardModel:
         )
 
 
-@lru_cache(maxsize=4096)
-def _p_up(model: HazardModel, up: bool, b: int, k: int, steps: int) -> float:
+P_UP_STEPS = 400  # the belief is run forward at most this many intervals
+
+
+@lru_cache(maxsize=1024)
+def _p_up_series(model: HazardModel, up: bool, b: int, k: int) -> tuple[float, ...]:
+    """The chance spot is up after 0, 1, .. :data:`P_UP_STEPS` intervals from state
+    ``(up, k, b)``: one forward run serves every elapsed time (a live job asks again at
+    each look, a little later each time)."""
     nb = len(model.edges)
     dist: dict[tuple[bool, int, int], float] = {(up, k, b): 1.0}
-    for _ in range(steps):
+    out = [sum(p for (u, _, _), p in dist.items() if u)]
+    for _ in range(P_UP_STEPS):
         nxt: dict[tuple[bool, int, int], float] = {}
         for (u, c, j), p in dist.items():
             h = model.table(u, c)[j]
@@ -194,7 +201,8 @@ def _p_up(model: HazardModel, up: bool, b: int, k: int, steps: int) -> float:
                 on = (u, c, j + 1)
                 nxt[on] = nxt.get(on, 0.0) + p * (1 - h) * a
         dist = nxt
-    return sum(p for (u, _, _), p in dist.items() if u)
+        out.append(sum(p for (u, _, _), p in dist.items() if u))
+    return tuple(out)
 
 
 def _clip(h: float) -> float:
