@@ -59,6 +59,40 @@ def airflow_db() -> Path:
     return home
 
 
+@pytest.fixture(scope="session")
+def preemptions_run(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One finished run of the preemptions DAG (tests/dags/spot_test_dags.py) under
+    dag.test(), greedy on THREE_PREEMPTIONS_THEN_OUTAGE (spot up 1.5 h, down 10 min, three
+    times; up 1 h; then down 5 h, forcing on-demand; then up): 5 market hours of compute, an
+    8.5 h deadline, the market at half speed (900x, 0.1 s steps: at 1800x a loaded machine's
+    process starts cost it its deadline). test_dag_runs checks the run and its model, test_plugin_api shows
+    it: one run (~30 s), not one each. Its ``dag_id``, ``run_id``, ``state`` and ``dir``."""
+    import importlib
+
+    from airflow_spot.testing import THREE_PREEMPTIONS_THEN_OUTAGE, scripted_trace
+
+    tmp = tmp_path_factory.mktemp("preemptions-run")
+    env = {
+        "SPOT_TEST_DIR": str(tmp),
+        "SPOT_TEST_TRACE": str(scripted_trace(tmp / "market.json", THREE_PREEMPTIONS_THEN_OUTAGE)),
+        "SPOT_TEST_SCALE": "900",
+        "SPOT_TEST_STEP_S": "0.1",
+        "SPOT_TEST_DEADLINE_S": "34",
+        "SPOT_TEST_POLICY": "greedy",
+    }
+    mp = pytest.MonkeyPatch()
+    for k, v in env.items():
+        mp.setenv(k, v)
+    sys.path.insert(0, str(REPO / "tests" / "dags"))
+    try:
+        dag = importlib.reload(importlib.import_module("spot_test_dags")).preemptions_dag
+        dr = dag.test()
+    finally:
+        sys.path.pop(0)
+        mp.undo()
+    return {"dag_id": dag.dag_id, "run_id": dr.run_id, "state": dr.state, "dir": tmp}
+
+
 @pytest.fixture(autouse=True)
 def _time_limit(request):
     """No test may hang CI: each gets at most 240 s (SIGALRM raises in the main thread)."""

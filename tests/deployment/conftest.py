@@ -21,7 +21,8 @@ Reuse: override the ``deployment_dags`` fixture (``{file name: source}``) in a t
 ask for ``airflow_deployment``; for Celery, override ``deployment_executor`` (it returns
 ``CeleryExecutor`` and asks for ``redis_server``) and, for settings of its own,
 ``deployment_celery_env`` (every component) or ``deployment_worker_env`` (one worker's: its
-queue, its Task SDK settings).
+queue, its Task SDK settings). A DAG whose training is only waited for once the test has seen
+what it watches runs ``paced_training`` (paced while a file of the test's exists).
 Without PostgreSQL the tests are skipped, and they fail with ``AIRFLOW_SPOT_REQUIRE_DEPLOYMENT=1``
 (``.ci/run`` sets it when it installed PostgreSQL); without Redis a Celery deployment is skipped,
 and fails with ``AIRFLOW_SPOT_REQUIRE_CELERY=1`` (set when both are installed).
@@ -819,6 +820,39 @@ def deployment_dags() -> dict[str, str]:
 def deployment_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder the module's deployment keeps everything in (home, dags, logs, runs)."""
     return tmp_path_factory.mktemp("deployment")
+
+
+PACED_TRAINING = '''"""Written by tests/deployment/conftest.py: the bundled example training, each step paced
+to --step-seconds while the file named first exists, at full speed once the test removes it."""
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+from airflow_spot.examples import train_logreg
+
+PACE = sys.argv.pop(1)
+
+
+def sleep(seconds):
+    if os.path.exists(PACE):
+        time.sleep(seconds)
+
+
+train_logreg.time = SimpleNamespace(monotonic=time.monotonic, sleep=sleep)
+sys.exit(train_logreg.main())
+'''
+
+
+@pytest.fixture(scope="module")
+def paced_training(deployment_root: Path) -> Path:
+    """A training script for a module's DAG: ``[python, script, pace_file, *options of
+    train_command]``. It trains as ``train_command`` does, paced while ``pace_file`` exists;
+    once the test has seen what it watches, removing the file finishes the training at once
+    (the rest of a paced run is only waited for: 20 to 50 s of a module's set-up)."""
+    script = deployment_root / "paced_train.py"
+    script.write_text(PACED_TRAINING)
+    return script
 
 
 @pytest.fixture(scope="module")

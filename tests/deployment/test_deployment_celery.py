@@ -52,7 +52,7 @@ from airflow_spot.testing import scripted_trace
 DAG_ID = "spot_deployment_celery"
 TASK_ID = "train"
 STEPS = 400
-STEP_S = 0.125  # 50 s of training: the next try arrives ~20-30 s after the kill
+STEP_S = 0.125  # 50 s of training: the next try arrives ~20-30 s after the kill (then unpaced)
 KILL_AT_STEP = 40  # the attempt has trained (and checkpointed) a while when its worker dies
 HEARTBEAT_TIMEOUT_S = 10
 START_TIMEOUT_S = 150.0  # trigger -> try 1 training on a worker (a loaded machine is slow)
@@ -63,6 +63,7 @@ MARKET = [(True, 2000)]  # ticks of 600 s at 360x: spot up for 55 min of wall ti
 
 DAG_SOURCE = '''
 """Written by tests/deployment/test_deployment_celery.py."""
+import sys
 from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG
@@ -79,7 +80,9 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
          catchup=False) as dag:
     SpotTrainingOperator(
         task_id={task_id!r},
-        command=train_command(STEPS, step_seconds=STEP_S, save_every=5, seed=7),
+        # paced while ROOT/pace exists: the test unpaces it once try 2 has re-attached
+        command=[sys.executable, {paced!r}, ROOT + "/pace",
+                 *train_command(STEPS, step_seconds=STEP_S, save_every=5, seed=7)[3:]],
         checkpoint_uri=ROOT + "/ckpt",
         expected_compute=timedelta(seconds=STEPS * STEP_S),
         total_steps=STEPS,
@@ -117,10 +120,13 @@ def deployment_celery_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def deployment_dags(deployment_root: Path) -> dict[str, str]:
-    """The DAG under test, its market a scripted trace in the deployment's folder."""
+def deployment_dags(deployment_root: Path, paced_training: Path) -> dict[str, str]:
+    """The DAG under test, its market a scripted trace in the deployment's folder, its
+    training paced while the pace file is there."""
     trace = scripted_trace(deployment_root / "market.json", MARKET)
+    (deployment_root / "pace").touch()
     source = DAG_SOURCE.format(
+        paced=str(paced_training),
         root=str(deployment_root),
         trace=str(trace),
         steps=STEPS,
@@ -327,6 +333,8 @@ def killed_run(airflow_deployment: Any) -> Observed:
             obs.try2_session = _session_of(ti["pid"])
             obs.supervisor_at_try2 = supervisors(obs.live_dir)
             obs.step_at_try2 = _step(obs.live_dir)
+            # the attempt outlived try 1 into try 2: the rest of its 50 s is only waited out
+            (dep.root / "pace").unlink()
         run = dep.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{obs.run_id}")
         if run["state"] in ("success", "failed"):
             obs.state = run["state"]

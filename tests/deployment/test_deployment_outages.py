@@ -24,7 +24,8 @@ least 302 s). What happens, and what the tests check:
         try resumes: try 1 still
     tuned deferred again -> Redis stopped -> its trigger fires -> the scheduler's publish
       times out and is sent again, loop after loop -> Redis back (after >= 30 s) -> the try
-      resumes on worker-2, try 1 still -> the job finishes: the run succeeds, no try lost
+      resumes on worker-2, try 1 still -> the job finishes (its training unpaced once Redis
+      is back: the rest of its 140 s is not waited out): the run succeeds, no try lost
 
 The api-server's outage ends once the plain try has failed and the tuned try has waited longer
 than Airflow's defaults would have (15 s): it proves both sides, whatever the machine's speed.
@@ -54,7 +55,7 @@ DAG_IDS = {PLAIN: "spot_outage_plain", TUNED: "spot_outage_tuned"}
 WORKERS = {PLAIN: "worker_1", TUNED: "worker_2"}
 TASK_ID = "train"
 STEPS = 280
-STEP_S = 0.5  # 140 s of training: through both outages (they end by ~100 s)
+STEP_S = 0.5  # 140 s of training: through both outages (they end by ~100 s), then unpaced
 DECISION_S = 10  # a look every 10 s: a trigger fires in every outage
 STOP_WITHIN_S = max(DECISION_S, 60)  # finding 2: an attempt left unwatched stops this soon
 DEFAULT_GIVE_UP_S = 15.0  # Airflow's default client gives up a call after at most this long
@@ -67,6 +68,7 @@ MARKET = [(True, 5000)]  # spot up throughout: one attempt per job
 
 DAG_SOURCE = '''
 """Written by tests/deployment/test_deployment_outages.py."""
+import sys
 from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG
@@ -86,7 +88,9 @@ for queue, dag_id in {dag_ids!r}.items():
             task_id={task_id!r},
             queue=queue,
             retries=0,  # one try: a try lost to an outage fails the run
-            command=train_command(STEPS, step_seconds=STEP_S, save_every=5, seed=7),
+            # paced while ROOT/pace-<queue> exists: the tuned one's ends with the outages
+            command=[sys.executable, {paced!r}, ROOT + "/pace-" + queue,
+                     *train_command(STEPS, step_seconds=STEP_S, save_every=5, seed=7)[3:]],
             checkpoint_uri=ROOT + "/ckpt/" + queue,
             expected_compute=timedelta(seconds=STEPS * STEP_S),
             total_steps=STEPS,
@@ -135,10 +139,14 @@ def deployment_worker_env() -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def deployment_dags(deployment_root: Path) -> dict[str, str]:
-    """The two DAGs, their market a scripted trace in the deployment's folder."""
+def deployment_dags(deployment_root: Path, paced_training: Path) -> dict[str, str]:
+    """The two DAGs, their market a scripted trace in the deployment's folder, each training
+    paced while its pace file exists."""
     trace = scripted_trace(deployment_root / "market.json", MARKET)
+    for queue in DAG_IDS:
+        _pace_file(deployment_root, queue).touch()
     source = DAG_SOURCE.format(
+        paced=str(paced_training),
         root=str(deployment_root),
         trace=str(trace),
         steps=STEPS,
@@ -148,6 +156,10 @@ def deployment_dags(deployment_root: Path) -> dict[str, str]:
         decision_s=DECISION_S,
     )
     return {"spot_outage_dags.py": source}
+
+
+def _pace_file(root: Path, queue: str) -> Path:
+    return root / f"pace-{queue}"
 
 
 # -- what the test saw ----------------------------------------------------------------------
@@ -387,6 +399,10 @@ def outages(airflow_deployment: Any, postgres_server: Any, redis_server: Any) ->
         obs.note("both deferred, attempts training")
         _api_outage(dep, postgres_server, obs)
         _redis_outage(dep, redis_server, obs)
+        # both outages are over: the tuned training need not run out its pace (~50 s); the
+        # plain attempt stays paced (it must be stopped by the listener, short of its end)
+        _pace_file(dep.root, TUNED).unlink()
+        obs.note("tuned training: unpaced")
         end = time.monotonic() + RUN_TIMEOUT_S
         while len(obs.ends) < len(DAG_IDS) and time.monotonic() < end:
             _rest_states(dep, obs)

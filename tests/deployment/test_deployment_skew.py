@@ -59,6 +59,7 @@ STEPS, STEP_S = 300, 0.1  # 30 s of work: the preemption comes two thirds in
 
 DAG_SOURCE = '''
 """Written by tests/deployment/test_deployment_skew.py."""
+import sys
 from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG
@@ -73,7 +74,9 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
          catchup=False) as dag:
     SpotTrainingOperator(
         task_id={task_id!r},
-        command=train_command({steps}, step_seconds={step_s}, save_every=5, seed=7),
+        # paced while ROOT/pace exists: the test unpaces it once the task has resumed
+        command=[sys.executable, {paced!r}, ROOT + "/pace",
+                 *train_command({steps}, step_seconds={step_s}, save_every=5, seed=7)[3:]],
         checkpoint_uri=ROOT + "/ckpt",
         expected_compute=timedelta(seconds={steps} * {step_s}),
         total_steps={steps},
@@ -149,10 +152,13 @@ def deployment_executor(worker_clock_env: dict[str, str], redis_server: Any) -> 
 
 
 @pytest.fixture(scope="module")
-def deployment_dags(deployment_root: Path) -> dict[str, str]:
-    """The DAG under test, its market a scripted trace in the deployment's folder."""
+def deployment_dags(deployment_root: Path, paced_training: Path) -> dict[str, str]:
+    """The DAG under test, its market a scripted trace in the deployment's folder, its
+    training paced while the pace file is there."""
     trace = scripted_trace(deployment_root / "market.json", MARKET)
+    (deployment_root / "pace").touch()
     source = DAG_SOURCE.format(
+        paced=str(paced_training),
         root=str(deployment_root),
         trace=str(trace),
         steps=STEPS,
@@ -249,6 +255,7 @@ def skewed_run(airflow_deployment: Any) -> Observed:
         time.sleep(0.1)
     if obs.resumed_at is None:
         return obs
+    (dep.root / "pace").unlink()  # what is watched is over: the next attempt trains unpaced
     end = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < end and not obs.state:
         _ti_state(dep, obs)

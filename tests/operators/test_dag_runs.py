@@ -10,13 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_spot.testing import THREE_PREEMPTIONS_THEN_OUTAGE, scripted_trace
+from airflow_spot.testing import scripted_trace
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
-
-# spot up 1.5 h, down 10 min, three times; up 1 h; then down 5 h (forces on-demand); then up.
-# At 1800 trace seconds per second the job is 5 market hours of compute with an 8.5 h deadline.
-MARKET = THREE_PREEMPTIONS_THEN_OUTAGE
 
 
 def _state(dag_id: str, run_id: str) -> dict:
@@ -25,9 +21,11 @@ def _state(dag_id: str, run_id: str) -> dict:
     from sqlalchemy import select
 
     with create_session() as s:
-        row = s.scalars(
+        row = s.scalars(  # task "train": test_plugin_api adds a gang's state to a run
             select(TaskStateStoreModel).where(
-                TaskStateStoreModel.dag_id == dag_id, TaskStateStoreModel.run_id == run_id
+                TaskStateStoreModel.dag_id == dag_id,
+                TaskStateStoreModel.run_id == run_id,
+                TaskStateStoreModel.task_id == "train",
             )
         ).first()
         return json.loads(row.value)
@@ -49,25 +47,14 @@ def _run(monkeypatch, tmp_path: Path, dag_name: str, **env: str):
     return dag, dag.test()
 
 
-def test_preemptions_resume_and_fallback_meet_the_deadline(monkeypatch, tmp_path: Path) -> None:
+def test_preemptions_resume_and_fallback_meet_the_deadline(preemptions_run: dict) -> None:
     """>= 3 preemptions and a deadline tight enough to force on-demand: done on time, and the
-    final model is bit-identical to an uninterrupted run with the same seed."""
-    trace = scripted_trace(tmp_path / "market.json", MARKET)
-    dag, dr = _run(
-        monkeypatch,
-        tmp_path,
-        "preemptions_dag",
-        SPOT_TEST_TRACE=str(trace),
-        # the market at half speed (900 trace seconds a wall second, steps of 0.1 s, the same
-        # 8.5 market hours of deadline): a loaded machine's process starts and wakes then
-        # cost half as many market hours (at 1800x a load of 4 made it miss)
-        SPOT_TEST_SCALE="900",
-        SPOT_TEST_STEP_S="0.1",
-        SPOT_TEST_DEADLINE_S="34",
-        SPOT_TEST_POLICY="greedy",
-    )
-    assert dr.state == "success"
-    st = _state(dag.dag_id, dr.run_id)
+    final model is bit-identical to an uninterrupted run with the same seed. (The run, greedy on
+    THREE_PREEMPTIONS_THEN_OUTAGE at half speed, is conftest's ``preemptions_run``, which
+    test_plugin_api shows too.)"""
+    run, tmp_path = preemptions_run, preemptions_run["dir"]
+    assert run["state"] == "success"
+    st = _state(run["dag_id"], run["run_id"])
     summary = st["finished"]
     assert summary["deadline_met"] is True
     assert summary["preemptions"] >= 3

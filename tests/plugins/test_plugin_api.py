@@ -3,7 +3,6 @@ credentials; the runs table and the timeline with a real run's figures; the TI t
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import sys
@@ -11,35 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from airflow_spot.testing import THREE_PREEMPTIONS_THEN_OUTAGE, scripted_trace
-
 pytestmark = pytest.mark.usefixtures("airflow_db")
-
-MARKET = THREE_PREEMPTIONS_THEN_OUTAGE
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> tuple[str, str]:
-    """A finished spot training DAG run in the metadata DB (the preemption test DAG)."""
-    tmp = tmp_path_factory.mktemp("plugin-run")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SPOT_TEST_DIR", str(tmp))
-    mp.setenv("SPOT_TEST_TRACE", str(scripted_trace(tmp / "market.json", MARKET)))
-    # the market at half speed (900x, 0.1 s steps, the same 8.5 market hours of deadline), as
-    # in test_dag_runs: at 1800x a loaded machine's process starts cost it its deadline
-    mp.setenv("SPOT_TEST_SCALE", "900")
-    mp.setenv("SPOT_TEST_STEP_S", "0.1")
-    mp.setenv("SPOT_TEST_DEADLINE_S", "34")
-    mp.setenv("SPOT_TEST_POLICY", "greedy")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "dags"))
-    try:
-        mod = importlib.reload(importlib.import_module("spot_test_dags"))
-        dr = mod.preemptions_dag.test()
-    finally:
-        sys.path.pop(0)
-        mp.undo()
-    assert dr.state == "success"
-    return "spot_test_preemptions", dr.run_id
+def finished_run(preemptions_run: dict) -> tuple[str, str]:
+    """A finished spot training DAG run in the metadata DB: the preemption test DAG's, greedy
+    on THREE_PREEMPTIONS_THEN_OUTAGE at half speed (conftest's ``preemptions_run``, which
+    test_dag_runs checks too)."""
+    assert preemptions_run["state"] == "success"
+    return preemptions_run["dag_id"], preemptions_run["run_id"]
 
 
 @pytest.fixture(scope="module")
