@@ -11,7 +11,32 @@ os.environ.setdefault("AIRFLOW_HOME", str(_HOME / "airflow_home"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
-os.environ.setdefault("AIRFLOW__SPOT_TRAINING__PLAN_CACHE", str(_HOME / "plans"))
+
+
+def _plan_cache() -> Path:
+    """The folder the tests' plans are kept in between runs (a cache outside the repository,
+    as the Kubernetes binaries are): named by the solver's and the model's source, so that a
+    change to either never reads a plan solved before it (the shape's key names the prior's
+    numbers); the folders of other sources are removed. Tests that count solves use their own
+    folder (tmp_path)."""
+    import hashlib
+    import shutil
+
+    policy = Path(__file__).resolve().parents[1] / "airflow_spot" / "policy"
+    source = b"".join((policy / f).read_bytes() for f in ("plan.py", "hazard.py"))
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "airflow-spot"
+    here = base / "test-plans" / hashlib.sha256(source).hexdigest()[:16]
+    try:
+        here.mkdir(parents=True, exist_ok=True)
+        for other in here.parent.iterdir():
+            if other != here:
+                shutil.rmtree(other, ignore_errors=True)
+    except OSError:  # no home to write to: this session's own folder
+        return _HOME / "plans"
+    return here
+
+
+os.environ.setdefault("AIRFLOW__SPOT_TRAINING__PLAN_CACHE", str(_plan_cache()))
 # the tests' local checkpoint locations are temporary folders (tmp_path, mkdtemp)
 os.environ.setdefault(
     "AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS",

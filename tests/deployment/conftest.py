@@ -524,7 +524,9 @@ class AirflowDeployment:
             # sockets closed first: up to this long late (default 5 s). A trigger firing before
             # that late report fails the task (apache/airflow#71580; see min_deferral)
             AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL="1",
-            AIRFLOW_SPOT_PLAN_CACHE=str(self.root / "plans"),
+            # the tests' plans, kept between runs (tests/conftest.py), else the deployment's
+            AIRFLOW_SPOT_PLAN_CACHE=os.environ.get("AIRFLOW__SPOT_TRAINING__PLAN_CACHE")
+            or str(self.root / "plans"),
             # the deployments' checkpoints (tests, chaos benchmarks) are in temporary folders
             AIRFLOW__SPOT_TRAINING__ALLOWED_LOCAL_CHECKPOINT_ROOTS=str(
                 Path(tempfile.gettempdir()).resolve()
