@@ -140,7 +140,9 @@ def test_trace_prices_bill_on_demand_at_the_traces_own_price(capsys) -> None:
         (["--policy", "nope"], "uniform_progress, omniscient"),
         (
             ["--policy", "deadline_aware@mars"],
-            "--policy: 'deadline_aware@mars': unknown availability prior 'mars'; choose one of aws-p3, default, gcp-h100, us-west-2a\n",
+            "--policy: 'deadline_aware@mars': unknown availability prior 'mars'; choose one of "
+            "aws-p3, default, gang, gang-without-us-east-1f_v100_1, gang-without-us-east-2a_v100_1, "
+            "gang-without-us-west-2c_v100_1, gcp-h100, us-west-2a\n",
         ),
         (["--deadline", "40h"], "--deadline: the deadline (40.00 h) is before the work"),
         (

@@ -377,13 +377,30 @@ class Karpenter:
         ``node.kubernetes.io/instance-type``): a NodeClaim all of whose offerings are out fails
         to launch with an ``InsufficientCapacityError``, and those offerings are then listed
         unavailable for 3 minutes while the file stays as written. No rules: capacity is back
-        at once (and a later call starts afresh)."""
+        at once (and a later call starts afresh), and the ``InsufficientCapacityError`` events
+        its refusals left are deleted: the next test on the session's plane would read them as
+        a pool out of capacity for 3 minutes."""
+        if not rules:
+            self._forget_refusals()
         lines = [",".join(f"{k}={v}" for k, v in sorted(r.items())) for r in rules]
         # a new file each time: the provider keys what failed by the file's content
         lines.insert(0, f"# written at {time.time()!r}")
         tmp = self.ice_file.with_suffix(".tmp")
         tmp.write_text("".join(f"{line}\n" for line in lines))
         tmp.replace(self.ice_file)  # read whole by the provider at every call
+
+    def _forget_refusals(self) -> None:
+        from kubernetes import client
+
+        if self._api_client is None:  # not started, or stopped
+            return
+        core = client.CoreV1Api(self._api_client)
+        found = core.list_event_for_all_namespaces(
+            field_selector="reason=InsufficientCapacityError,involvedObject.kind=NodeClaim"
+        ).items
+        for e in found:
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_event(e.metadata.name, e.metadata.namespace)
 
     def listening(self) -> list[tuple[str, int]]:
         """The (address, port) pairs Karpenter's process listens on (TCP)."""
