@@ -1,7 +1,9 @@
 """Checkpoint save and resume against plain copies of the same bytes, local and S3 (issue 38).
 
     python benchmarks/checkpoint_io.py [--sizes 256,1024,4096] [--files 1,8] [--rounds 2]
-                                       [--no-s3] [--dir /tmp]
+                                       [--s3-server both|gofakes3|moto] [--s3-rounds 3]
+                                       [--moto-rounds 1]
+                                       [--no-s3] [--no-local] [--dir /tmp]
 
 For each total size (MiB, split evenly over 1 or 8 random files given to ``step_done`` as
 paths) it times, side by side in one run, each case in a fresh interpreter that prints its
@@ -16,33 +18,49 @@ time and its peak RSS above the interpreter with its imports loaded:
 * S3 resume: ``resume_to`` against the best of boto3's ``download_file`` and one streamed
   ``get_object`` per file.
 
-S3 is a moto server over HTTP on 127.0.0.1 (no real S3 is reachable here), with one change:
-a ranged GET reads only its range. Stock moto reads the whole object for every ranged GET
-(a 2 GiB file in 8 MiB ranges reads 512 GiB), which made boto3's own ``download_file`` take
-242 s where one streamed GET took 2.5 s; real S3 serves a range at the cost of the range.
-Uploads take the same code in both. One row at the smallest size shows stock moto's ranged
-GETs, and the store's one-stream setting for such servers (``AIRFLOW_SPOT_S3_CONCURRENCY=1``).
+S3 runs against two servers over HTTP on 127.0.0.1 (no real S3 is reachable here):
+
+* ``gofakes3``: gofakes3 over a folder on disk (``tools/s3``, built from Go modules by
+  ``tools/s3/build.sh`` into ``~/.cache/airflow-spot/s3`` when missing): a ranged GET reads
+  its range from the file, a PUT streams to disk. It holds a multipart upload's parts in
+  memory and joins them when the upload completes, a cost that both sides pay alike.
+* ``moto``, with one change: a ranged GET reads only its range. Stock moto reads the whole
+  object for every ranged GET (a 2 GiB file in 8 MiB ranges reads 512 GiB), which made
+  boto3's own ``download_file`` take 242 s where one streamed GET took 2.5 s. Two rows at
+  the smallest size show stock moto: our default (one streamed GET per file) and ranged
+  downloads (``AIRFLOW_SPOT_S3_DOWNLOAD=ranged``).
+
+``--s3-server both`` (the default) runs both, or moto alone where the Go server cannot be
+built (no ``go``: said in the output). Each server is stopped before the next starts, and
+before the script ends, whatever happens.
 
 Each local case runs ``--rounds`` times, alternating ours and the plain copy; the table
 gives the fastest of each (the machine is shared: the slower rounds are other people's I/O).
-Then the notice-window table: at the measured throughput of the biggest size, the largest
-checkpoint that saves within a 30 s (GCP) and a 120 s (AWS) preemption notice.
+Each S3 case runs ``--s3-rounds`` times on gofakes3 and ``--moto-rounds`` times on moto (which
+uploads at 40-110 MB/s), ours and the references side by side in each round (their order
+alternating); the table gives the median time of each and the median of the
+per-round ratios. Then the notice-window table: at the measured throughput of the biggest
+size, the largest checkpoint that saves within a 30 s (GCP) and a 120 s (AWS) preemption notice.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CASE = textwrap.dedent("""
     import json, os, resource, shutil, sys, time
@@ -131,6 +149,7 @@ SERVER = textwrap.dedent("""
     from moto.server import main
     main(["-p", sys.argv[1]])
 """)
+SERVER_NAMES = {"gofakes3": "gofakes3 (tools/s3, on disk)", "ranged": "moto (ranged GETs patched)"}
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -144,9 +163,12 @@ class Row:
     plain: dict[str, float]
     plain_name: str
     note: str = ""
+    median_ratio: float | None = None  # S3: the median of the per-round ratios
 
     @property
     def ratio(self) -> float:
+        if self.median_ratio is not None:
+            return self.median_ratio
         return self.ours["s"] / self.plain["s"]
 
 
@@ -233,88 +255,168 @@ def local_rows(tmp: Path, srcs: list[Path], mb: int, rounds: int, env: dict) -> 
     ]
 
 
-def start_server(kind: str) -> tuple[subprocess.Popen, dict[str, str]]:
+HERE = Path(__file__).resolve().parent
+BUILD_GOFAKES3 = HERE.parent / "tools" / "s3" / "build.sh"
+CREDS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def build_gofakes3() -> tuple[str | None, str]:
+    """The gofakes3 server's binary, built by ``tools/s3/build.sh`` if missing (seconds from
+    a warm Go cache): (path, "") or (None, why not)."""
+    got = subprocess.run(["bash", str(BUILD_GOFAKES3)], capture_output=True, text=True)
+    if got.returncode:
+        return None, f"tools/s3/build.sh failed: {got.stderr.strip()[-300:]}"
+    return got.stdout.strip().splitlines()[-1], ""
+
+
+def spawn(kind: str, data: Path, gofakes3: str | None) -> tuple[subprocess.Popen, str]:
+    """Start the server ``kind`` (``gofakes3``, moto ``ranged`` or ``stock``): (process, URL)."""
+    if kind == "gofakes3":
+        assert gofakes3
+        server = subprocess.Popen(
+            [gofakes3, "-dir", str(data), "-addr", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        line = server.stdout.readline() if server.stdout else ""  # "listening on HOST:PORT"
+        if not line.startswith("listening on "):
+            server.kill()
+            server.wait()
+            raise SystemExit(f"gofakes3 did not start (said {line!r})")
+        return server, "http://" + line.split()[-1]
     port = free_port()
-    server = subprocess.Popen(
+    moto = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(port), kind],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    env = {
-        **os.environ,
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    return moto, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def s3_server(
+    kind: str, tmp: Path, gofakes3: str | None = None
+) -> Iterator[tuple[dict[str, str], Any]]:
+    """A server with a bucket ``bench``, stopped (and its files removed) on the way out:
+    (the environment that points boto3 at it, a client)."""
     import boto3
 
-    client = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    until = time.time() + 30
-    while True:
-        try:
-            client.create_bucket(Bucket="bench")
-            return server, env
-        except Exception:
-            if time.time() > until:
-                server.terminate()
-                raise
-            time.sleep(0.2)
-
-
-def s3_rows(tmp: Path, srcs: list[Path], mb: int, kind: str) -> list[Row]:
-    server, env = start_server(kind)
-    n = len(srcs)
+    data = Path(tempfile.mkdtemp(prefix="s3-data-", dir=tmp))
+    server, url = spawn(kind, data, gofakes3)
     try:
-        ours = run_case("save-ours", "s3://bench/ours", srcs, tmp / "x", env)
-        plain = run_case("save-upload_file", "s3://bench/plain", srcs, tmp / "x", env)
-        rows = [Row("S3 save", n, mb, ours, plain, "upload_file")]
-        ckpt = "s3://bench/plain"  # plain uploads: the same bytes under the same names
-        got_ours = run_case("resume-ours", "s3://bench/ours", srcs, tmp / "in", env)
-        plains = {
-            c: run_case(c, ckpt, srcs, tmp / "in", env)
-            for c in ("resume-get_object", "resume-download_file")
-        }
-        name = min(plains, key=lambda c: plains[c]["s"])
-        other = [c for c in plains if c != name][0]
-        note = f"{other.split('-', 1)[1]} {plains[other]['s']:.1f} s"
-        rows.append(Row("S3 resume", n, mb, got_ours, plains[name], name.split("-", 1)[1], note))
-        return rows
+        env = {**os.environ, "AWS_ENDPOINT_URL": url, **CREDS}
+        client = boto3.client(
+            "s3",
+            endpoint_url=url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        until = time.time() + 30
+        while True:
+            try:
+                client.create_bucket(Bucket="bench")
+                break
+            except Exception:
+                if time.time() > until or server.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        yield env, client
     finally:
-        server.terminate()
+        server.kill()
         server.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def drop(client: Any, prefix: str) -> None:
+    """Delete every object under ``prefix`` (the server's disk or memory is freed)."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=prefix):
+        for o in page.get("Contents", []):
+            client.delete_object(Bucket="bench", Key=o["Key"])
+
+
+def median(runs: list[dict]) -> dict:
+    ordered = sorted(runs, key=lambda r: r["s"])
+    return {"s": statistics.median(r["s"] for r in runs), "mb": ordered[-1]["mb"]}
+
+
+def s3_round(tmp: Path, srcs: list[Path], env: dict, client: Any, r: int) -> dict[str, dict]:
+    """One round of every S3 case, side by side (the order alternates between rounds). The
+    dirty pages of the case before are written out before each starts: none pays for another's.
+    The first download after the uploads ran 2-4x slower here whichever case it was (fresh
+    memory faulted into this VM for its page cache, not the server: its file is cached and it
+    is idle), so an untimed download goes first."""
+    ours, plain = f"s3://bench/ours{r}", f"s3://bench/plain{r}"
+    got: dict[str, dict] = {}
+    saves = [("save-ours", ours), ("save-upload_file", plain)]
+    for case, uri in saves if r % 2 == 0 else saves[::-1]:
+        os.sync()
+        got[case] = run_case(case, uri, srcs, tmp / "x", env)
+    resumes = [("resume-ours", ours), ("resume-get_object", plain)]
+    resumes.append(("resume-download_file", plain))
+    os.sync()  # untimed: the first download after the uploads pays more, whichever it is
+    run_case("resume-get_object", plain, srcs, tmp / "in", env)
+    for case, uri in resumes if r % 2 == 0 else resumes[::-1]:
+        os.sync()
+        got[case] = run_case(case, uri, srcs, tmp / "in", env)
+    drop(client, f"ours{r}/")
+    drop(client, f"plain{r}/")
+    return got
+
+
+def s3_rows(tmp: Path, srcs: list[Path], mb: int, server: str, rounds: int, gofakes3) -> list[Row]:
+    n, label = len(srcs), "gofakes3" if server == "gofakes3" else "moto"
+    with s3_server(server, tmp, gofakes3) as (env, client):
+        runs = [s3_round(tmp, srcs, env, client, r) for r in range(rounds)]
+
+    def row(op: str, ours: str, refs: list[str]) -> Row:
+        # per round: ours against the best reference of that same round
+        ratios = [run[ours]["s"] / min(run[c]["s"] for c in refs) for run in runs]
+        plains = {c: median([run[c] for run in runs]) for c in refs}
+        name = min(plains, key=lambda c: plains[c]["s"])
+        others = [f"{c.split('-', 1)[1]} {plains[c]['s']:.2f} s" for c in plains if c != name]
+        return Row(
+            f"{op} ({label})",
+            n,
+            mb,
+            median([run[ours] for run in runs]),
+            plains[name],
+            name.split("-", 1)[1],
+            "; ".join(others),
+            statistics.median(ratios),
+        )
+
+    return [
+        row("S3 save", "save-ours", ["save-upload_file"]),
+        row("S3 resume", "resume-ours", ["resume-get_object", "resume-download_file"]),
+    ]
 
 
 def stock_moto_rows(tmp: Path, srcs: list[Path], mb: int) -> list[Row]:
-    """Stock moto (every ranged GET reads the whole object): our default ranges, and one
-    stream per file (``AIRFLOW_SPOT_S3_CONCURRENCY=1``), against the plain downloads."""
-    server, env = start_server("stock")
+    """Stock moto (every ranged GET reads the whole object): our default (one stream per
+    file) and ranged downloads (``AIRFLOW_SPOT_S3_DOWNLOAD=ranged``), against the plain ones."""
     n = len(srcs)
-    try:
+    with s3_server("stock", tmp) as (env, _):
         run_case("save-ours", "s3://bench/ours", srcs, tmp / "x", env)
         run_case("save-upload_file", "s3://bench/plain", srcs, tmp / "x", env)
         plains = {
             c: run_case(c, "s3://bench/plain", srcs, tmp / "in", env)
             for c in ("resume-get_object", "resume-download_file")
         }
-        ranged = run_case("resume-ours", "s3://bench/ours", srcs, tmp / "in", env)
-        env1 = {**env, "AIRFLOW_SPOT_S3_CONCURRENCY": "1"}
-        one = run_case("resume-ours", "s3://bench/ours", srcs, tmp / "in", env1)
-        stream = plains["resume-get_object"]
-        dl = f"download_file {plains['resume-download_file']['s']:.1f} s"
-        return [
-            Row("S3 resume, stock moto", n, mb, ranged, stream, "get_object", dl),
-            Row("S3 resume, stock moto, concurrency 1", n, mb, one, stream, "get_object", dl),
-        ]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stream = run_case("resume-ours", "s3://bench/ours", srcs, tmp / "in", env)
+        env_r = {**env, "AIRFLOW_SPOT_S3_DOWNLOAD": "ranged"}
+        ranged = run_case("resume-ours", "s3://bench/ours", srcs, tmp / "in", env_r)
+    get = plains["resume-get_object"]
+    dl = f"download_file {plains['resume-download_file']['s']:.1f} s"
+    return [
+        Row("S3 resume, stock moto", n, mb, stream, get, "get_object", dl),
+        Row("S3 resume, stock moto, ranged", n, mb, ranged, get, "get_object", dl),
+    ]
 
 
 def print_rows(rows: list[Row]) -> None:
@@ -338,17 +440,32 @@ def print_windows(rows: list[Row]) -> None:
     throughput of the biggest size saved as one file."""
     print("\n| save to | at (ours / plain) | in 30 s: ours | plain | in 120 s: ours | plain |")
     print("|---|---|---|---|---|---|")
-    for op in ("local save", "S3 save"):
+    ops = sorted({r.op for r in rows if "save" in r.op}, key=lambda op: op.startswith("S3"))
+    for op in ops:
         found = [r for r in rows if r.op == op and r.files == 1]
         if not found:
             continue
         r = max(found, key=lambda r: r.size_mb)
         ours, plain = (r.size_mb * MIB / x["s"] for x in (r.ours, r.plain))
         cells = [f"{rate * w / GIB:.1f} GiB" for w in (30, 120) for rate in (ours, plain)]
+        where = op.replace(" save", "")
         print(
-            f"| {op.split()[0]} ({r.plain_name}) | {ours / 1e6:.0f} / {plain / 1e6:.0f} MB/s "
+            f"| {where} ({r.plain_name}) | {ours / 1e6:.0f} / {plain / 1e6:.0f} MB/s "
             f"| {' | '.join(cells)} |"
         )
+
+
+def s3_servers(choice: str) -> tuple[list[str], str | None]:
+    """The S3 servers to run (gofakes3 built if missing) and the gofakes3 binary."""
+    if choice == "moto":
+        return ["ranged"], None
+    binary, why = build_gofakes3()
+    if binary is None:
+        if choice == "gofakes3":
+            raise SystemExit(f"--s3-server gofakes3: {why}")
+        print(f"S3: gofakes3 left out ({why}); moto only", flush=True)
+        return ["ranged"], None
+    return (["gofakes3"] if choice == "gofakes3" else ["gofakes3", "ranged"]), binary
 
 
 def main() -> None:
@@ -356,7 +473,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="256,1024,4096", help="total MiB per checkpoint")
     ap.add_argument("--files", default="1,8", help="files per checkpoint")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each local case (fastest kept)")
+    ap.add_argument("--s3-rounds", type=int, default=3, help="runs of each gofakes3 case (median)")
+    ap.add_argument("--moto-rounds", type=int, default=1, help="runs of each moto case (median)")
+    ap.add_argument("--s3-server", choices=("both", "gofakes3", "moto"), default="both")
     ap.add_argument("--no-s3", action="store_true", help="local only")
+    ap.add_argument("--no-local", action="store_true", help="S3 only")
     ap.add_argument("--dir", default=None, help="where the files go (default: the temp dir)")
     args, _ = ap.parse_known_args()  # make bench passes its own arguments to every script
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -367,11 +488,12 @@ def main() -> None:
         raise SystemExit(
             f"needs {need / GIB:.0f} GiB free for {max(sizes)} MiB, has {free / GIB:.0f}"
         )
+    servers, gofakes3 = ([], None) if args.no_s3 else s3_servers(args.s3_server)
     rows: list[Row] = []
     env = dict(os.environ)
     print(
-        f"{os.cpu_count()} CPUs (shared); local: {args.dir or tempfile.gettempdir()}; S3: moto "
-        "on 127.0.0.1 over HTTP, its ranged GET reading only the range (stock moto: last rows)",
+        f"{os.cpu_count()} CPUs (shared); local: {args.dir or tempfile.gettempdir()}; S3 over "
+        f"HTTP on 127.0.0.1: {', '.join(SERVER_NAMES[s] for s in servers) or 'none'}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
@@ -379,15 +501,25 @@ def main() -> None:
         for mb in sizes:
             for n in counts:
                 srcs = make_files(tmp / "src", mb, n)
-                rows += local_rows(tmp, srcs, mb, args.rounds, env)
-                if not args.no_s3:
-                    rows += s3_rows(tmp, srcs, mb, "ranged")
-                    if mb == min(sizes) and n == 1:
-                        rows += stock_moto_rows(tmp, srcs, mb)
+                if not args.no_local:
+                    rows += local_rows(tmp, srcs, mb, args.rounds, env)
+                for server in servers:  # moto is slow to upload (40-110 MB/s): once by default
+                    rounds = args.s3_rounds if server == "gofakes3" else args.moto_rounds
+                    rows += s3_rows(tmp, srcs, mb, server, rounds, gofakes3)
+                if "ranged" in servers and mb == min(sizes) and n == 1:
+                    rows += stock_moto_rows(tmp, srcs, mb)
                 shutil.rmtree(tmp / "src")
                 print(f"  done: {mb} MiB in {n} file(s)", file=sys.stderr, flush=True)
-    rows.sort(key=lambda r: (r.op.startswith("S3"), r.op, r.files, r.size_mb))
-    print_rows(rows)
+    for title, pick in (
+        ("local", lambda r: not r.op.startswith("S3")),
+        ("S3, gofakes3 (tools/s3)", lambda r: "gofakes3" in r.op),
+        ("S3, moto (ranged GETs read only the range; stock moto: last rows)",
+         lambda r: r.op.startswith("S3") and "gofakes3" not in r.op),
+    ):  # fmt: skip
+        table = sorted(filter(pick, rows), key=lambda r: (r.op, r.files, r.size_mb))
+        if table:
+            print(f"\n{title}:\n")
+            print_rows(table)
     print_windows(rows)
 
 

@@ -1,6 +1,6 @@
 """A checkpoint store in S3 (or an S3-compatible service) through boto3, imported only when
-a store is used: big files go up and down in concurrent parts, hashed on the way
-(:mod:`.s3parts`), a passing error (5xx, throttling, a cut connection) is retried for a
+a store is used: big files go up in concurrent parts and come down in one stream (or ranges),
+hashed on the way (:mod:`.s3parts`), a passing error (5xx, throttling, a cut connection) is retried for a
 while, and the errors a user fixes (no credentials, no such bucket) are a ConfigError naming
 ``checkpoint_uri`` and the fix."""
 
@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -136,33 +137,44 @@ class S3Store:
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self._client = client
         self._parts: s3parts.Parts | None = None  # the part size, concurrency and slots
+        # the files of a save start at once: one client and one set of slots for them all
+        # (each client built loads botocore's S3 model, ~25 MB while it is parsed)
+        self._first_use = threading.Lock()
 
     @property
     def parts(self) -> s3parts.Parts:
         """Read from the environment at the first transfer (a bad value: a ConfigError)."""
-        if self._parts is None:
-            self._parts = s3parts.Parts(s3parts.Tuning.from_env())
+        with self._first_use:
+            if self._parts is None:
+                self._parts = s3parts.Parts(s3parts.Tuning.from_env())
         return self._parts
 
     @property
     def client(self):
-        if self._client is None:
-            import boto3
-
-            # a session of its own: boto3's default one keeps the credentials it first found
-            session = boto3.session.Session()
-            if self.training:  # a spot node just up may not serve its role's credentials yet:
-                # wait a little rather than fail the task for good (exit 78)
-                until = time.monotonic() + float(os.environ.get(CREDENTIALS_WAIT_ENV, "30"))
-                while session.get_credentials() is None and time.monotonic() < until:
-                    time.sleep(min(5.0, max(0.0, until - time.monotonic())))
-                    session = boto3.session.Session()
-            self._client = session.client(
-                "s3",
-                endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL"),
-            )
+        if self._client is not None:
+            return self._client
+        with self._first_use:
+            if self._client is None:
+                self._client = self._new_client()
         return self._client
+
+    def _new_client(self):
+        """A client of a session of its own: boto3's default one keeps the credentials it
+        first found."""
+        import boto3
+
+        session = boto3.session.Session()
+        if self.training:  # a spot node just up may not serve its role's credentials yet:
+            # wait a little rather than fail the task for good (exit 78)
+            until = time.monotonic() + float(os.environ.get(CREDENTIALS_WAIT_ENV, "30"))
+            while session.get_credentials() is None and time.monotonic() < until:
+                time.sleep(min(5.0, max(0.0, until - time.monotonic())))
+                session = boto3.session.Session()
+        return session.client(
+            "s3",
+            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL"),
+        )
 
     def _key(self, key: str) -> str:
         safe_key(key)
@@ -204,8 +216,8 @@ class S3Store:
 
     @_named
     def get_file_hashed(self, key: str, path: str | os.PathLike[str], algo: str) -> tuple[str, int]:
-        """Download ``key`` to a local file in concurrent ranges, hashing it on the way
-        (written beside it, then renamed); each try starts a fresh file."""
+        """Download ``key`` to a local file (one stream, or concurrent ranges), hashing it on
+        the way (written beside it, then renamed); each try starts a fresh file."""
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = tmp_beside(dest)

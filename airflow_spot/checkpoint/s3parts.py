@@ -1,16 +1,20 @@
 """S3 transfers in concurrent parts that hash the bytes as they cross, for the S3 store.
 
 An upload reads the file once, in order, into part buffers; each part is hashed, then sent
-by one of ``concurrency`` threads while the next ones are read. A download asks for ranges
-concurrently, writes each where it belongs, and hashes them in order as they arrive. So a
-save or a resume moves each byte through memory once, with at most a few parts held: the
-parts in flight are bounded per store (:class:`Parts`), across every file it moves at once.
+by one of ``concurrency`` threads while the next ones are read. A download is one streamed
+GET, written and hashed as it arrives; or, ``ranged``, asks for ranges concurrently, writes
+each where it belongs, and hashes them in order as they arrive. So a save or a resume moves
+each byte through memory once, with at most a few parts held: the parts in flight are
+bounded per store (:class:`Parts`), across every file it moves at once.
 
-Defaults (measured, see ``benchmarks/checkpoint_io.py``): 8 MiB parts, 4 at a time;
-``$AIRFLOW_SPOT_S3_PART_MB`` and ``$AIRFLOW_SPOT_S3_CONCURRENCY`` change them. A server
-whose ranged GETs cost the whole object (moto does) wants ``AIRFLOW_SPOT_S3_CONCURRENCY=1``:
-one streamed GET per file. Called through :class:`~.s3.S3Store`, which retries and names
-errors; boto3 is the caller's client.
+Defaults (measured against gofakes3 and moto on 127.0.0.1, ``benchmarks/checkpoint_io.py``):
+8 MiB parts, 2 at a time, and one streamed GET per file, which beat every ranged download
+there and costs a server whose ranged GETs read the whole object (moto does) nothing extra.
+``$AIRFLOW_SPOT_S3_PART_MB``, ``$AIRFLOW_SPOT_S3_CONCURRENCY`` and
+``$AIRFLOW_SPOT_S3_DOWNLOAD`` (``stream`` or ``ranged``) change them: where one connection
+is the limit (real S3 serves ~100 MB/s a connection) more concurrency and ranged downloads
+pay. Called through :class:`~.s3.S3Store`, which retries and names errors; boto3 is the
+caller's client.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from airflow_spot.exceptions import CheckpointError, ConfigError
 
 PART_ENV = "AIRFLOW_SPOT_S3_PART_MB"
 CONCURRENCY_ENV = "AIRFLOW_SPOT_S3_CONCURRENCY"
+DOWNLOAD_ENV = "AIRFLOW_SPOT_S3_DOWNLOAD"
 PART_MB = 8
-CONCURRENCY = 4
+CONCURRENCY = 2
+DOWNLOADS = ("stream", "ranged")  # the first is the default
 MAX_PARTS = 10_000  # S3's limit per upload: a bigger file gets bigger parts
 MIN_PART_MB, MAX_PART_MB = 5, 5 * 1024  # S3's bounds on a part (but the last)
 
@@ -50,15 +56,25 @@ def _env_int(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip()
+    if raw and raw not in choices:
+        raise ConfigError(name, f"{raw!r}: give {' or '.join(choices)} (or unset it)")
+    return raw or choices[0]
+
+
 @dataclass(frozen=True)
 class Tuning:
     part: int  # bytes
     concurrency: int
+    ranged: bool = False  # a download in concurrent ranges (else one streamed GET)
 
     @classmethod
     def from_env(cls) -> Tuning:
         mb = _env_int(PART_ENV, PART_MB, MIN_PART_MB, MAX_PART_MB)
-        return cls(mb << 20, _env_int(CONCURRENCY_ENV, CONCURRENCY, 1, 64))
+        concurrency = _env_int(CONCURRENCY_ENV, CONCURRENCY, 1, 64)
+        ranged = _env_choice(DOWNLOAD_ENV, DOWNLOADS) == "ranged"
+        return cls(mb << 20, concurrency, ranged and concurrency > 1)
 
     def part_for(self, size: int) -> int:
         """The part size for a ``size``-byte file: at most 10,000 parts, in whole MiB."""
@@ -75,6 +91,7 @@ class Parts:
         self.tuning = tuning
         self.slots = threading.BoundedSemaphore(tuning.concurrency + 1)
         self._spare: list[bytearray] = []  # buffers of parts sent, to read the next ones into
+        self._uploads = 0  # files going up in parts now
         self._lock = threading.Lock()
 
     def buffer(self, size: int) -> bytearray:
@@ -90,10 +107,20 @@ class Parts:
         with self._lock:
             self._spare.append(buf)
 
-    def drop_spare(self) -> None:
-        """Free the spare buffers (a trainer holds no part between saves)."""
+    @contextlib.contextmanager
+    def uploading(self) -> Iterator[None]:
+        """One file's upload in parts. The files of a save reuse each other's buffers, and
+        the last one to end frees them: a trainer holds no part between saves (and buffers
+        freed and taken anew for every file scatter over the threads' heaps)."""
         with self._lock:
-            self._spare.clear()
+            self._uploads += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._uploads -= 1
+                if not self._uploads:
+                    self._spare.clear()
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -118,9 +145,10 @@ def upload(
         extra = _checksum_args(client)
         up = client.create_multipart_upload(Bucket=bucket, Key=key, **extra)["UploadId"]
         try:
-            sent, n = _send_parts(
-                client, src, part, h, parts, dict(Bucket=bucket, Key=key, UploadId=up, **extra)
-            )
+            with parts.uploading():
+                sent, n = _send_parts(
+                    client, src, part, h, parts, dict(Bucket=bucket, Key=key, UploadId=up, **extra)
+                )
             client.complete_multipart_upload(
                 Bucket=bucket, Key=key, UploadId=up, MultipartUpload={"Parts": sent}
             )
@@ -128,8 +156,6 @@ def upload(
             with contextlib.suppress(Exception):  # else retention aborts it later
                 client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=up)
             raise
-        finally:
-            parts.drop_spare()
     return h.hexdigest(), n
 
 
@@ -181,12 +207,12 @@ def _send_parts(
 def download(
     client: Any, bucket: str, key: str, fd: int, algo: str, parts: Parts
 ) -> tuple[str, int]:
-    """Download ``key`` into the open file ``fd`` in concurrent ranges, hashing them in
-    order as they arrive: (digest, size). One streamed GET when the concurrency is 1."""
+    """Download ``key`` into the open file ``fd``, hashing it as it arrives: (digest, size).
+    One streamed GET, or (``ranged``) concurrent ranges hashed in order."""
     h = new_hasher(algo)
     part = parts.tuning.part
-    if parts.tuning.concurrency == 1:
-        return _stream(client.get_object(Bucket=bucket, Key=key)["Body"], fd, h)
+    if not parts.tuning.ranged:
+        return _stream(client.get_object(Bucket=bucket, Key=key)["Body"], fd, h)  # no part
     try:
         first = client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{part - 1}")
     except Exception as e:

@@ -286,6 +286,37 @@ def test_a_role_without_multipart_listing_is_told_once(caplog) -> None:
 def _parts_env(monkeypatch, part_mb: int = 5, concurrency: int = 3) -> None:
     monkeypatch.setenv("AIRFLOW_SPOT_S3_PART_MB", str(part_mb))  # S3's smallest part
     monkeypatch.setenv("AIRFLOW_SPOT_S3_CONCURRENCY", str(concurrency))
+    monkeypatch.setenv("AIRFLOW_SPOT_S3_DOWNLOAD", "ranged")  # (the default is one stream)
+
+
+def test_a_resume_streams_each_file_in_one_get_by_default(
+    s3_server, tmp_path: Path, monkeypatch
+) -> None:
+    """By default a file comes down in one streamed GET (no ranges), hashed on the way:
+    a whole object resumes, one replaced by other bytes of the same size is skipped."""
+    monkeypatch.setenv("AIRFLOW_SPOT_S3_PART_MB", "5")
+    for name in ("AIRFLOW_SPOT_S3_CONCURRENCY", "AIRFLOW_SPOT_S3_DOWNLOAD"):
+        monkeypatch.delenv(name, raising=False)
+    model = tmp_path / "model.pt"
+    model.write_bytes(os.urandom((11 << 20) + 3))  # 3 parts up
+    store = S3Store("spot-ckpt", "stream")
+    c = Checkpoints(store, keep=5)
+    c.save(1, {"model.pt": model}, now=1)
+    c.save(2, {"model.pt": model}, now=2)
+    boto3.client("s3").put_object(
+        Bucket="spot-ckpt",
+        Key="stream/ckpt-000000000002/model.pt",
+        Body=os.urandom((11 << 20) + 3),
+    )
+    gets: list[str | None] = []
+    store.client.meta.events.register(
+        "provide-client-params.s3.GetObject", lambda params, **kw: gets.append(params.get("Range"))
+    )
+    found = c.load_latest_to(tmp_path / "in")
+    assert found is not None
+    m, files = found
+    assert m.step == 1 and files["model.pt"].read_bytes() == model.read_bytes()
+    assert gets == [None] * 4  # each try: its manifest, then its file in one stream
 
 
 def test_concurrent_parts_arriving_out_of_order_hash_in_order(
@@ -368,15 +399,48 @@ def test_a_corrupt_object_or_a_failed_part_never_makes_a_checkpoint(
 
 
 @pytest.mark.parametrize(
-    ("name", "value"),
-    [("AIRFLOW_SPOT_S3_PART_MB", "4"), ("AIRFLOW_SPOT_S3_CONCURRENCY", "many")],
+    ("name", "value", "fix"),
+    [
+        ("AIRFLOW_SPOT_S3_PART_MB", "4", "a whole number from 5"),
+        ("AIRFLOW_SPOT_S3_CONCURRENCY", "many", "a whole number from 1"),
+        ("AIRFLOW_SPOT_S3_DOWNLOAD", "parallel", "stream or ranged"),
+    ],
 )
 def test_a_bad_part_size_or_concurrency_names_the_variable(
-    s3_server, tmp_path: Path, monkeypatch, name: str, value: str
+    s3_server, tmp_path: Path, monkeypatch, name: str, value: str, fix: str
 ) -> None:
     from airflow_spot.exceptions import ConfigError
 
     monkeypatch.setenv(name, value)
     (tmp_path / "m").write_bytes(b"m")
-    with pytest.raises(ConfigError, match=f"{name}: {value!r}: give a whole number from"):
+    with pytest.raises(ConfigError, match=f"{name}: {value!r}: give {fix}"):
         Checkpoints(open_store("s3://spot-ckpt/bad-env")).save(1, {"m": tmp_path / "m"}, now=0)
+
+
+def test_the_files_of_a_save_share_one_client_and_one_set_of_slots(monkeypatch) -> None:
+    """The files of a save start at once, each asking the store for its client and its part
+    slots: one client is built (each loads botocore's S3 model, ~25 MB while parsed) and one
+    set of slots bounds the parts of them all."""
+    import threading
+    import time
+
+    built: list[int] = []
+    real = boto3.session.Session.client
+
+    def slow_client(self, *args, **kwargs):
+        built.append(1)
+        time.sleep(0.2)  # the others ask meanwhile
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(boto3.session.Session, "client", slow_client)
+    store = S3Store("spot-ckpt", "shared")
+    got: list[tuple[object, object]] = []
+    threads = [
+        threading.Thread(target=lambda: got.append((store.client, store.parts))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1
+    assert len({id(c) for c, _ in got}) == len({id(p) for _, p in got}) == 1
