@@ -87,6 +87,27 @@ RESERVATION = {"instance_type": "c-1x-amd64-linux", "zone": "test-zone-a", "id":
                "capacity": 4}  # fmt: skip
 
 
+def karpenter_backend(cluster: Any, **fields: Any) -> Any:
+    """A :class:`KubernetesBackend` on ``cluster`` (the ``karpenter_cluster`` fixture's) whose
+    spot and on-demand attempts ask Karpenter's NodePool for that capacity type (its label
+    and taint's toleration); ``fields`` are the backend's others."""
+    from airflow_spot.backends.kubernetes.backend import KubernetesBackend
+    from airflow_spot.backends.kubernetes.placement import Placement
+
+    pool = cluster.karpenter.nodepool
+
+    def placement(capacity: str) -> Placement:
+        return Placement({CAPACITY_TYPE: capacity, NODEPOOL_LABEL: pool}, (TOLERATION,))
+
+    return KubernetesBackend(
+        image="ghcr.io/me/train:1",
+        config_file=cluster.kubeconfig,
+        namespace=cluster.namespace,
+        preset={"spot": placement("spot"), "on_demand": placement("on-demand")},
+        **fields,
+    )
+
+
 def module_dir() -> Path:
     """The patched copy of the Karpenter module that build.sh keeps (its CRDs are applied)."""
     return bin_dir().parent / "src" / f"karpenter@{KARPENTER_VERSION}-loopback"

@@ -20,26 +20,18 @@ import pytest
 
 from airflow_spot.backends.base import State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-from airflow_spot.backends.kubernetes.placement import Placement
-from airflow_spot.testing.cluster.karpenter import CAPACITY_TYPE, NODEPOOL_LABEL, TOLERATION
+from airflow_spot.testing.cluster.karpenter import (
+    CAPACITY_TYPE,
+    karpenter_backend,
+)
 
 N = 2
 SPOT_OUT = {CAPACITY_TYPE: "spot"}
 
 
 def backend(cluster) -> KubernetesBackend:
-    pool = cluster.karpenter.nodepool
-
-    def placement(capacity: str) -> Placement:
-        return Placement({CAPACITY_TYPE: capacity, NODEPOOL_LABEL: pool}, (TOLERATION,))
-
-    return KubernetesBackend(
-        image="ghcr.io/me/train:1",
-        config_file=cluster.kubeconfig,
-        namespace=cluster.namespace,
-        preset={"spot": placement("spot"), "on_demand": placement("on-demand")},
-        resources={"requests": {"cpu": "100m", "memory": "64Mi"}},
-        nodes=N,
+    return karpenter_backend(
+        cluster, resources={"requests": {"cpu": "100m", "memory": "64Mi"}}, nodes=N
     )
 
 

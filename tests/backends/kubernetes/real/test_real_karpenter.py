@@ -52,8 +52,12 @@ import time
 
 from airflow_spot.backends.base import Outcome, State, TaskIdentity
 from airflow_spot.backends.kubernetes.backend import KubernetesBackend
-from airflow_spot.backends.kubernetes.placement import Placement
-from airflow_spot.testing.cluster.karpenter import CAPACITY_TYPE, NODEPOOL_LABEL, TOLERATION
+from airflow_spot.testing.cluster.karpenter import (
+    CAPACITY_TYPE,
+    NODEPOOL_LABEL,
+    TOLERATION,
+    karpenter_backend,
+)
 from airflow_spot.testing.cluster.looks import wait_ended, wait_running
 
 
@@ -70,19 +74,7 @@ REQUESTS = {"cpu": "600m", "memory": "256Mi"}  # one per 1-CPU node (900m alloca
 
 
 def backend(cluster) -> KubernetesBackend:
-    pool = cluster.karpenter.nodepool
-
-    def placement(capacity: str) -> Placement:
-        return Placement({CAPACITY_TYPE: capacity, NODEPOOL_LABEL: pool}, (TOLERATION,))
-
-    return KubernetesBackend(
-        image="ghcr.io/me/train:1",
-        config_file=cluster.kubeconfig,
-        namespace=cluster.namespace,
-        preset={"spot": placement("spot"), "on_demand": placement("on-demand")},
-        resources={"requests": REQUESTS},
-        pending_timeout_s=120.0,
-    )
+    return karpenter_backend(cluster, resources={"requests": REQUESTS}, pending_timeout_s=120.0)
 
 
 def running(b: KubernetesBackend, task_id: str, command: list[str] = TRAIN, capacity: str = "spot"):
