@@ -1,8 +1,8 @@
 """A checkpoint store in S3 (or an S3-compatible service) through boto3, imported only when
-a store is used: big files go up in concurrent parts and come down in one stream (or ranges),
-hashed on the way (:mod:`.s3parts`), a passing error (5xx, throttling, a cut connection) is retried for a
-while, and the errors a user fixes (no credentials, no such bucket) are a ConfigError naming
-``checkpoint_uri`` and the fix."""
+a store is used: big files go up in concurrent parts and come down in one stream (or
+ranges), hashed on the way (:mod:`.s3parts`), a passing error (5xx, throttling, a cut
+connection) is retried for a while, and the errors a user fixes (no credentials, no such
+bucket) are a ConfigError naming ``checkpoint_uri`` and the fix."""
 
 from __future__ import annotations
 
