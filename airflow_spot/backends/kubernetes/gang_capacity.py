@@ -22,8 +22,7 @@ from airflow_spot.backends.kubernetes.gating import (
     GangCapacity,
     placeholder_name,
 )
-from airflow_spot.backends.kubernetes.provisioning import read_request as answer
-from airflow_spot.backends.kubernetes.provisioning import request_name
+from airflow_spot.backends.kubernetes.provisioning import request_name, request_signal
 
 
 def waiting_capacity(gang: Any, job: Any, launched_at: float, now: float) -> GangCapacity | None:
@@ -37,7 +36,7 @@ def waiting_capacity(gang: Any, job: Any, launched_at: float, now: float) -> Gan
         held = [placeholder_name(name, k) for k in range(gang.n)]
         count = count_claims(b.cluster, ns, held, gang.n, launched_at, now)
         return GangCapacity(claim_signal(count, ""), count.trying)
-    seen = answer(read_request(b.cluster, ns, request_name(name)), gang.n)
+    seen = request_signal(read_request(b.cluster, ns, request_name(name)), gang.n)
     if (
         seen is not None
         and seen.up

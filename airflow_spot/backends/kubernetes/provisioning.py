@@ -107,7 +107,7 @@ def build_request(
     }
 
 
-def read_request(request: Any, nodes: int, pool: str = "") -> SpotSignal | None:
+def request_signal(request: Any, nodes: int, pool: str = "") -> SpotSignal | None:
     """What a ``check-capacity`` request says of the gang's N (see the module's notes): up
     ("N seen"), down ("fewer than N"), or None (unknown), at the condition's transition."""
     pr = as_dict(request)

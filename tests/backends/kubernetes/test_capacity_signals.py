@@ -15,7 +15,7 @@ from airflow_spot.backends.kubernetes.provisioning import (
     build_request,
     check_capacity_check,
     consume,
-    read_request,
+    request_signal,
 )
 from airflow_spot.exceptions import ConfigError
 
@@ -135,7 +135,7 @@ def cond(kind: str, status: str, reason: str, t: float = T0) -> dict:
     ],
 )  # fmt: skip
 def test_a_provisioning_requests_conditions(conds, up) -> None:
-    sig = read_request(request(*conds), 4)
+    sig = request_signal(request(*conds), 4)
     assert (sig.up if sig is not None else None) is up, sig
     if sig is not None:
         assert sig.at == T0 and sig.source == "autoscaler"

@@ -21,7 +21,7 @@ from airflow_spot.backends.kubernetes.gang_launch import GATE, INDEX
 from airflow_spot.backends.kubernetes.gang_ranks import GangLook
 from airflow_spot.backends.kubernetes.gang_verdict import Timeouts, judge_gang
 from airflow_spot.backends.kubernetes.gating import GangCapacity
-from airflow_spot.backends.kubernetes.provisioning import read_request
+from airflow_spot.backends.kubernetes.provisioning import request_signal
 from airflow_spot.backends.kubernetes.verdict import GIVE_UP
 from airflow_spot.jobstate import AttemptHandle
 
@@ -144,7 +144,7 @@ def test_a_provisioning_requests_capacity_is_not_found_ends_the_gang() -> None:
         cond = {"type": "Provisioned", "status": status, "reason": reason,
                 "message": "Capacity is not found, CA will try to find it later.",
                 "lastTransitionTime": iso(T0 - 20)}  # fmt: skip
-        return GangCapacity(read_request({"metadata": {"name": "job-a1-capacity"},
+        return GangCapacity(request_signal({"metadata": {"name": "job-a1-capacity"},
                                           "status": {"conditions": [cond]}}, 2))  # fmt: skip
 
     st = judge(pr("False", "CapacityIsNotFound"), placed=None)
