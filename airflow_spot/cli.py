@@ -48,6 +48,7 @@ FLAGS = {
     "acquire_s": "--acquire",
     "acquire_median": "--acquire-median",
     "reserved": "--reserved",
+    "partial_end": "--partial-end",
     "kind": "TRACE_OR_DIR",
 }
 
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--atomic",
         action="store_true",
         help="gang provisioning is all-or-nothing (no partial gang held while a request waits)",
+    )
+    sim.add_argument(
+        "--partial-end",
+        type=_hours_arg("--partial-end"),
+        help="a partial gang is ended this long after each launch (e.g. 15s: the Kubernetes "
+        "backend on Karpenter, which says when fewer than N nodes can come), not held all tick",
     )
     sim.add_argument(
         "--capacity-check",
@@ -319,10 +326,13 @@ def _gang(args: argparse.Namespace, gap_s: float) -> tuple:
         raise ConfigError(
             "--reserved", "needs --acquire (the open pool's time the reserved pool stands behind)"
         )
+    end = None if args.partial_end is None else args.partial_end * 3600.0
+    if end is not None and args.atomic:
+        raise ConfigError("--partial-end", "an --atomic gang holds no partial gang: drop one")
     if nodes == 1 and acquire is None and not (args.atomic or args.capacity_check):
         return None, 1, 0.0
     gang = Gang(partial=not args.atomic, probe="check" if args.capacity_check else "placeholders",
-                acquire=acquire, reserved_s=reserved)  # fmt: skip
+                acquire=acquire, reserved_s=reserved, partial_end_s=end)  # fmt: skip
     return gang, nodes, gang.margin_s(gap_s)
 
 

@@ -14,7 +14,11 @@ the rules of one node (:mod:`.engine`), and these costs on top:
   ``count[t] < N`` (at ``N`` or more the request is granted, or a probe found capacity,
   billed as one). The nodes held are waste: the ledger's ``probe`` phase, ended by
   ``partial_gang``. ``partial=False``: atomic provisioning (a ProvisioningRequest, Kueue's
-  ``waitForPodsReady``): nothing is held before all ``N`` are;
+  ``waitForPodsReady``): nothing is held before all ``N`` are. ``partial_end_s``: a cluster
+  that says when fewer than ``N`` can come (Karpenter's insufficient-capacity errors, counted
+  per NodeClaim: the Kubernetes backend ends such a gang 15 s after its launch) holds the
+  nodes there are only that long after each look that asks, not the whole interval; the
+  request asked again at the next look (if the policy does) is a new launch;
 * **a probe** costs ``N`` placeholders when it finds capacity (``probe="placeholders"``), or
   nothing where the cluster has a free capacity check (``probe="check"``, cluster-autoscaler's
   ``check-capacity.kubernetes.io``: no placeholder); with the check, a gang waits for spot
@@ -108,8 +112,16 @@ class Gang:
     probe: str = "placeholders"  # or "check": a free capacity check
     acquire: Acquire | None = None
     reserved_s: float | None = None  # a reserved fallback pool's time to bring the gang up
+    partial_end_s: float | None = None  # a partial gang ended this long after a look (None: held)
 
     def __post_init__(self) -> None:
+        e = self.partial_end_s
+        if e is not None and not (finite_number(e) and e > 0):
+            raise ConfigError(
+                "partial_end",
+                f"must be > 0 seconds (how long a partial gang is held before it is ended), "
+                f"got {e!r}",
+            )
         if self.probe not in PROBES:
             raise ConfigError("probe", f"{self.probe!r} is not one of {', '.join(PROBES)}")
         r = self.reserved_s
@@ -136,6 +148,7 @@ class GangRun:
     free_probe: bool  # a probe's find costs nothing (a capacity check)
     reserved: int | None = None  # ticks the reserved pool takes (None: no reserved pool)
     escalations: list[int] = field(default_factory=lambda: [0])  # launches escalated, counted
+    hold_s: float | None = None  # a partial gang's hold after each look (None: the interval)
 
 
 def gang_run(trace: Trace, nodes: int, gang: Gang | None) -> GangRun | None:
@@ -158,7 +171,8 @@ def gang_run(trace: Trace, nodes: int, gang: Gang | None) -> GangRun | None:
     reserved = None
     if gang.reserved_s is not None:
         reserved = round(gang.margin_s(trace.gap_s) / trace.gap_s)
-    return GangRun(nodes, held_l, acq, gang.probe == "check", reserved)
+    hold = None if gang.partial_end_s is None else min(gang.partial_end_s, trace.gap_s)
+    return GangRun(nodes, held_l, acq, gang.probe == "check", reserved, hold_s=hold)
 
 
 def launch_steps(gap: float, d: float, run: GangRun | None) -> dict[float, Step]:
@@ -210,8 +224,9 @@ class Waste:
         self.node_s, self.cost = 0.0, 0.0
 
     def ticks(self, t: int, u: int, done: float) -> None:
-        """A request (or probe) waited over ticks ``t .. u-1`` with progress ``done``."""
-        held = self.run.held
+        """A request (or probe) waited over ticks ``t .. u-1`` with progress ``done`` (with
+        an early end, each tick's look held its nodes ``hold_s``: segments of their own)."""
+        held, span = self.run.held, self.run.hold_s or self.gap
         n = len(held)
         for i in range(t, min(u, n)):
             k = held[i]
@@ -221,7 +236,7 @@ class Waste:
                 if k == 0:
                     continue
                 self.k, self.start, self.done = k, t0, done
-            self.end = t0 + self.gap
+            self.end = t0 + span
 
     def close(self) -> None:
         """The open run of held nodes, if any, billed."""

@@ -96,6 +96,32 @@ def test_a_partial_gang_that_waits_is_billed_for_the_nodes_it_held(tmp_path: Pat
     assert check.cost == pytest.approx(atomic.cost) and check.finished_h == atomic.finished_h
 
 
+def test_a_partial_gang_the_cluster_says_cannot_finish_is_held_only_until_it_is_ended(
+    tmp_path: Path,
+) -> None:
+    """Karpenter's errors say "fewer than N" and the backend ends the gang 15 s after its
+    launch: each look that asks again holds the nodes there are 15 s, not the interval."""
+    tr = load_trace(_counts_file(tmp_path, [2, 2, 3] + [4] * 80), nodes=4)
+    held = replay(get_policy("greedy"), tr, _job(), observe="cluster")
+    ended = replay(get_policy("greedy"), tr, _job(), observe="cluster",
+                   gang=Gang(partial_end_s=15.0))  # fmt: skip
+    assert ended.partial_node_hours == pytest.approx((2 + 2 + 3) * 15.0 / HOUR)
+    waste = [s for s in ended.ledger.segments if s.ended_by == "partial_gang"]
+    assert [(s.start_s, s.end_s, s.price_per_h) for s in waste] == [
+        (0.0, 15.0, 2 * 0.9731),
+        (300.0, 315.0, 2 * 0.9731),
+        (600.0, 615.0, 3 * 0.9731),
+    ]
+    # the rest of the replay is the same: the gang starts at the same look
+    assert ended.finished_h == held.finished_h
+    assert ended.cost == pytest.approx(held.cost - held.partial_cost + ended.partial_cost)
+    fast = replay(get_policy("greedy"), tr, _job(), observe="cluster",
+                  gang=Gang(partial_end_s=15.0), keep_ledger=False)  # fmt: skip
+    assert fast.row() == ended.row()
+    with pytest.raises(ConfigError, match="partial_end"):
+        Gang(partial_end_s=0.0)
+
+
 def test_on_demand_waits_for_its_nodes_and_the_safety_net_keeps_the_margin(tmp_path: Path) -> None:
     tr = load_trace(_counts_file(tmp_path, [0] * 100), nodes=4)
     fixed = Gang(acquire=Acquire(2 * GAP))
@@ -221,6 +247,13 @@ def test_simulate_replays_a_gang_from_the_command_line(tmp_path: Path, capsys) -
     assert all(
         "escalations" in r for r in json.loads(kept.read_text()) if r["policy"] != "omniscient"
     )
+    ended = tmp_path / "ended.json"  # Karpenter's early end: less held than the whole wait
+    assert main([*base, "--nodes", "4", "--partial-end", "15s", "--json", str(ended)]) == 0
+    held = {(r["policy"], r["trace"]): r["partial_cost"] for r in rows if "partial_cost" in r}
+    cut = [r for r in json.loads(ended.read_text()) if r["policy"] == "greedy"]
+    assert cut and all(r["partial_cost"] < held[("greedy", r["trace"])] for r in cut)
+    assert main([*base, "--nodes", "4", "--atomic", "--partial-end", "15s"]) == 2
+    assert "--partial-end: an --atomic gang holds no partial gang" in capsys.readouterr().err
     one = tmp_path / "one.json"
     assert main([*base, "--nodes", "1", "--json", str(one)]) == 0  # no gang: today's rows
     assert all("nodes" not in r for r in json.loads(one.read_text()))
