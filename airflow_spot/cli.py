@@ -49,6 +49,7 @@ FLAGS = {
     "acquire_median": "--acquire-median",
     "reserved": "--reserved",
     "partial_end": "--partial-end",
+    "reserved_first": "--reserved-first",
     "kind": "TRACE_OR_DIR",
 }
 
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a reserved fallback pool (capacity reservation) that brings the gang up in this "
         "time (e.g. 5m): an on-demand launch escalates to it when the open pool is late; the "
         "safety net then keeps only this",
+    )
+    sim.add_argument(
+        "--reserved-first",
+        action="store_true",
+        help="every on-demand launch takes the reserved pool first (Karpenter's reserved "
+        "capacity, preset karpenter-reserved), not only when the open pool is late",
     )
     sim.add_argument(
         "--atomic",
@@ -322,6 +329,8 @@ def _gang(args: argparse.Namespace, gap_s: float) -> tuple:
         median = None if args.acquire_median is None else args.acquire_median * 3600.0
         acquire = Acquire(args.acquire * 3600.0, median, seed=args.seed)
     reserved = None if args.reserved is None else args.reserved * 3600.0
+    if args.reserved_first and reserved is None:
+        raise ConfigError("--reserved-first", "needs --reserved (the reserved pool's time)")
     if reserved is not None and acquire is None:
         raise ConfigError(
             "--reserved", "needs --acquire (the open pool's time the reserved pool stands behind)"
@@ -332,7 +341,8 @@ def _gang(args: argparse.Namespace, gap_s: float) -> tuple:
     if nodes == 1 and acquire is None and not (args.atomic or args.capacity_check):
         return None, 1, 0.0
     gang = Gang(partial=not args.atomic, probe="check" if args.capacity_check else "placeholders",
-                acquire=acquire, reserved_s=reserved, partial_end_s=end)  # fmt: skip
+                acquire=acquire, reserved_s=reserved, partial_end_s=end,
+                reserved_first=args.reserved_first)  # fmt: skip
     return gang, nodes, gang.margin_s(gap_s)
 
 

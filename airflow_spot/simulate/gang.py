@@ -37,8 +37,12 @@ the rules of one node (:mod:`.engine`), and these costs on top:
   the slack; it needs no draw to see the open pool's nodes have not come). The wait is then
   at most ``reserved_s`` plus the slack the launch had to spare, so the safety net keeps only
   ``reserved_s``; the escalated wait is billed like any other (at the on-demand price, as a
-  reservation's instances are), and counted (``escalations``). The reservation's own cost
-  while the job does not use it is not billed: it is shared by the jobs that fall back to it.
+  reservation's instances are), and counted (``escalations``). ``reserved_first``: every
+  on-demand launch takes the reservation first and waits only ``reserved_s`` (the Kubernetes
+  backend's ``preset="karpenter-reserved"``: Karpenter launches reserved capacity first while
+  the reservation lasts; each such launch is counted in ``escalations`` too). The
+  reservation's own cost while the job does not use it is not billed: it is shared by the
+  jobs that fall back to it.
 
 The observation model decides what waits: under ``oracle`` a decision takes effect at once
 and nothing waits, so a partial gang never forms; under ``cluster`` it does.
@@ -113,6 +117,7 @@ class Gang:
     acquire: Acquire | None = None
     reserved_s: float | None = None  # a reserved fallback pool's time to bring the gang up
     partial_end_s: float | None = None  # a partial gang ended this long after a look (None: held)
+    reserved_first: bool = False  # on-demand launches take the reservation first (not last)
 
     def __post_init__(self) -> None:
         e = self.partial_end_s
@@ -121,6 +126,10 @@ class Gang:
                 "partial_end",
                 f"must be > 0 seconds (how long a partial gang is held before it is ended), "
                 f"got {e!r}",
+            )
+        if self.reserved_first and self.reserved_s is None:
+            raise ConfigError(
+                "reserved_first", "needs reserved_s (the reserved pool's time to bring the gang up)"
             )
         if self.probe not in PROBES:
             raise ConfigError("probe", f"{self.probe!r} is not one of {', '.join(PROBES)}")
@@ -149,6 +158,7 @@ class GangRun:
     reserved: int | None = None  # ticks the reserved pool takes (None: no reserved pool)
     escalations: list[int] = field(default_factory=lambda: [0])  # launches escalated, counted
     hold_s: float | None = None  # a partial gang's hold after each look (None: the interval)
+    reserved_first: bool = False  # every on-demand launch waits ``reserved`` ticks
 
 
 def gang_run(trace: Trace, nodes: int, gang: Gang | None) -> GangRun | None:
@@ -172,7 +182,10 @@ def gang_run(trace: Trace, nodes: int, gang: Gang | None) -> GangRun | None:
     if gang.reserved_s is not None:
         reserved = round(gang.margin_s(trace.gap_s) / trace.gap_s)
     hold = None if gang.partial_end_s is None else min(gang.partial_end_s, trace.gap_s)
-    return GangRun(nodes, held_l, acq, gang.probe == "check", reserved, hold_s=hold)
+    first = gang.reserved_first
+    return GangRun(
+        nodes, held_l, acq, gang.probe == "check", reserved, hold_s=hold, reserved_first=first
+    )
 
 
 def launch_steps(gap: float, d: float, run: GangRun | None) -> dict[float, Step]:
@@ -203,6 +216,9 @@ def od_launch_s(d: float, run: GangRun | None, t: int, gap: float, slack: float)
         return d
     a = run.acquire[t] if t < len(run.acquire) else 0  # past the window: none (as the optimum)
     r = run.reserved
+    if r is not None and run.reserved_first:
+        run.escalations[0] += 1
+        return d + r * gap if r else d
     if r is not None and a > r:
         k = max(int((slack - d) // gap + 1e-9) - r, 0)  # looks the open pool may take
         if k + r < a:

@@ -156,8 +156,16 @@ def test_a_late_open_pool_escalates_to_the_reserved_pool_in_time(tmp_path: Path)
     # a pool on time is never escalated; the optimum may use the reservation too
     soon = replay(get_policy("greedy"), tr, kept, gang=Gang(acquire=Acquire(GAP), reserved_s=GAP))
     assert soon.met and soon.row()["escalations"] == 0
+    # the reservation first (Karpenter's reserved capacity): the launch waits only its tick,
+    # as early as the job wants on-demand, so greedy finishes a tick after it starts
+    first = Gang(acquire=late, reserved_s=GAP, reserved_first=True)
+    f = replay(get_policy("greedy"), tr, kept, gang=first)
+    assert f.met and f.row()["escalations"] == 1 and f.finished_h < r.finished_h
+    assert f.cost < r.cost
     with pytest.raises(ConfigError, match="reserved"):
         Gang(reserved_s=-1.0)
+    with pytest.raises(ConfigError, match="reserved_first"):
+        Gang(reserved_first=True)
 
 
 def _obs(job: JobSpec):
@@ -252,6 +260,15 @@ def test_simulate_replays_a_gang_from_the_command_line(tmp_path: Path, capsys) -
     held = {(r["policy"], r["trace"]): r["partial_cost"] for r in rows if "partial_cost" in r}
     cut = [r for r in json.loads(ended.read_text()) if r["policy"] == "greedy"]
     assert cut and all(r["partial_cost"] < held[("greedy", r["trace"])] for r in cut)
+    first = tmp_path / "first.json"  # the reservation first: every on-demand launch counted
+    od = ["--nodes", "4", "--acquire", "20m", "--acquire-median", "5m", "--reserved", "5m",
+          "--policy", "on_demand", "--json", str(first)]  # fmt: skip
+    assert main([*base, *od]) == 0
+    assert [r["escalations"] for r in json.loads(first.read_text())] == [0]  # on time: kept
+    assert main([*base, *od, "--reserved-first"]) == 0
+    assert [r["escalations"] for r in json.loads(first.read_text())] == [1]
+    assert main([*base, "--nodes", "4", "--reserved-first"]) == 2
+    assert "--reserved-first: needs --reserved" in capsys.readouterr().err
     assert main([*base, "--nodes", "4", "--atomic", "--partial-end", "15s"]) == 2
     assert "--partial-end: an --atomic gang holds no partial gang" in capsys.readouterr().err
     one = tmp_path / "one.json"
