@@ -127,3 +127,29 @@ def modules_loaded(statement: str, after: str = "") -> set[str]:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     return set(json.loads(out.splitlines()[-1]))
+
+
+def job_args(**overrides: Any) -> Any:
+    """The arguments of a small job (4 h of compute in 400 steps, greedy, spot $1 and
+    on-demand $3 per hour), as the operator stores them: for tests of what reads a job's
+    stored state (a summary, the UI's pages). ``overrides``: any :class:`JobArgs` field."""
+    from datetime import timedelta
+
+    from airflow_spot.operators.job import JobArgs
+
+    fields: dict[str, Any] = {
+        "command": ("true",),
+        "checkpoint_uri": "file:///tmp/ckpt",
+        "expected_compute": timedelta(hours=4),
+        "total_steps": 400,
+        "changeover": timedelta(minutes=6),
+        "policy": "greedy",
+        "spot_price": 1.0,
+        "on_demand_price": 3.0,
+        "max_preemptions": None,
+        "on_preemption_budget": "fallback",
+        "max_failures": 3,
+        "decision_interval": timedelta(minutes=5),
+        "poll_interval": 30.0,
+    }
+    return JobArgs(**{**fields, **overrides})

@@ -483,26 +483,12 @@ H = 3600.0
 
 
 def _report(state):
-    from datetime import timedelta
 
-    from airflow_spot.operators.job import JobArgs, TaskIdentity
+    from airflow_spot.operators.job import TaskIdentity
     from airflow_spot.operators.summary import Report
+    from airflow_spot.testing.fakes import job_args
 
-    args = JobArgs(
-        command=("true",),
-        checkpoint_uri="file:///tmp/ckpt",
-        expected_compute=timedelta(hours=4),
-        total_steps=400,
-        changeover=timedelta(minutes=6),
-        policy="greedy",
-        spot_price=1.0,
-        on_demand_price=3.0,
-        max_preemptions=None,
-        on_preemption_budget="fallback",
-        max_failures=3,
-        decision_interval=timedelta(minutes=5),
-        poll_interval=30.0,
-    )
+    args = job_args()
     return Report(args, TaskIdentity("d", "train", "r"), state)
 
 

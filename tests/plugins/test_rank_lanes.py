@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -99,25 +98,11 @@ def test_the_page_says_the_gangs_size_and_node_hours(monkeypatch) -> None:
 def _gang_state(nodes: int, attempts: list) -> dict:
     """A gang's stored state, with the summary the operator's Report makes of it."""
     from airflow_spot.jobstate import JobState
-    from airflow_spot.operators.job import JobArgs, TaskIdentity
+    from airflow_spot.operators.job import TaskIdentity
     from airflow_spot.operators.summary import Report
+    from airflow_spot.testing.fakes import job_args
 
-    args = JobArgs(
-        command=("true",),
-        checkpoint_uri="file:///tmp/ckpt",
-        expected_compute=timedelta(hours=4),
-        total_steps=400,
-        changeover=timedelta(minutes=6),
-        policy="greedy",
-        spot_price=1.0,
-        on_demand_price=3.0,
-        max_preemptions=None,
-        on_preemption_budget="fallback",
-        max_failures=3,
-        decision_interval=timedelta(minutes=5),
-        poll_interval=30.0,
-        nodes=nodes,
-    )
+    args = job_args(nodes=nodes)
     st = JobState(started_at=T0, deadline_at=T0 + 10 * H, total_steps=400)
     st.attempts = attempts
     live = [i for i, a in enumerate(attempts) if a.ended_at is None]
