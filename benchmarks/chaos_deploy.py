@@ -23,7 +23,6 @@ task instance's own dates on its clock).
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import shlex
@@ -39,12 +38,12 @@ from typing import Any
 
 import conftest as deploy  # tests/deployment (chaos.py puts it on the path)
 
+from airflow_spot.testing.clock import SKEW_KEYS, libfaketime, skew_env, sleep_shim  # noqa: F401
+
 RESTART_S = 5.0  # the supervisor's RestartSec
 TERMINAL = ("success", "failed", "upstream_failed", "skipped", "removed")
 TRY_ENDED = ("failed", "up_for_retry")
 STATE_KEY = "airflow_spot_job"  # airflow_spot.operators.spot_training.STATE_KEY
-LIBFAKETIME_ENV = "AIRFLOW_SPOT_LIBFAKETIME"  # as tests/deployment/test_deployment_skew.py
-SKEW_KEYS = ("LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC", "PYTHONPATH")
 TRAINER = "airflow_spot.examples.train_logreg"
 
 
@@ -352,57 +351,6 @@ def read_from(path: Path, offset: int) -> str:
             return fh.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-def libfaketime() -> Path | None:
-    """``$AIRFLOW_SPOT_LIBFAKETIME``, else Debian's (``apt-get install -y faketime``; the
-    thread-safe variant first)."""
-    if os.environ.get(LIBFAKETIME_ENV):
-        found = [os.environ[LIBFAKETIME_ENV]]
-    else:
-        found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
-        found += sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    return next((Path(p) for p in found if Path(p).is_file()), None)
-
-
-def skew_env(lib: Path, sign: str, shim: Path) -> dict[str, str]:
-    """What puts a process, and what it starts, ten minutes off (``sign``: + or -); its
-    monotonic clock left alone, as no host's is compared with another's. ``shim`` (see
-    :func:`sleep_shim`) goes on the ``PYTHONPATH``."""
-    return {
-        "LD_PRELOAD": str(lib),
-        "FAKETIME": f"{sign}10m",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "PYTHONPATH": str(shim),
-    }
-
-
-SLEEP_SHIM = '''"""Written by benchmarks/chaos.py for the processes it runs under libfaketime with
-FAKETIME_DONT_FAKE_MONOTONIC=1. Debian's libfaketime 0.9.10 makes Python 3.11's time.sleep
-(clock_nanosleep on CLOCK_MONOTONIC with TIMER_ABSTIME) fail with EINVAL
-(wolfcw/libfaketime#426), and faking the monotonic clock too hangs threading's waits by the
-offset instead; select() sleeps as long, and libfaketime leaves it alone."""
-
-import select
-import time
-
-
-def _sleep(seconds):
-    if seconds < 0:
-        raise ValueError("sleep length must be non-negative")
-    select.select([], [], [], seconds)
-
-
-time.sleep = _sleep
-'''
-
-
-def sleep_shim(folder: Path) -> Path:
-    """A folder holding a ``sitecustomize`` that works around libfaketime's broken
-    ``time.sleep`` (:data:`SLEEP_SHIM`): a tool's bug, not the deployment's."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SLEEP_SHIM)
-    return folder
 
 
 class SmallDisk:

@@ -279,7 +279,7 @@ def skew_workers(
     attempts they launch inherit it, the scheduler, triggerer and api-server keep the true
     clock. They stay so to the run's end. Returns when it began."""
     t0 = time.time()
-    restart_workers(dep, sup, skew_env(lib, p.sign, shim))
+    restart_workers(dep, sup, skew_env(lib, f"{p.sign}10m", shim))
     return t0
 
 

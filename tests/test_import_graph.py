@@ -64,6 +64,7 @@ PLACED: dict[str, tuple[str, str]] = {
     "testing.memory": ("shell", "an in-memory checkpoint store, over checkpoint/ only"),
     "testing.faults": ("shell", "a fault-injecting HTTP proxy for tests and chaos runs"),
     "testing.disks": ("shell", "a local checkpoint store whose writes fail as a full disk"),
+    "testing.clock": ("shell", "a wall clock put off by libfaketime, for skewed deployments"),
     "testing.cluster": ("shell", "a real control plane for tests: re-exports its parts"),
     "testing.cluster.plane": ("shell", "starts etcd, apiserver, controllers, kwok (processes)"),
     "testing.cluster.autoscaler": ("shell", "the autoscaler status ConfigMap, as it is written"),

@@ -18,8 +18,9 @@ libfaketime 0.9.10 (Debian 12's) cannot leave the monotonic clock alone for Pyth
 ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` (``time.sleep``) fails with EINVAL under
 ``FAKETIME_DONT_FAKE_MONOTONIC=1`` (wolfcw/libfaketime#426), and with the monotonic clock faked
 as well, waits on a lock or an event (``sem_clockwait``, not faked) hang. So the monotonic
-clock is left alone and the workers' Python sleeps through ``select`` (:data:`SLEEP_SHIM`, a
-``sitecustomize`` on their ``PYTHONPATH``); their wall clock alone is ten minutes ahead.
+clock is left alone and the workers' Python sleeps through ``select`` (a ``sitecustomize`` on
+their ``PYTHONPATH``: ``airflow_spot.testing.clock``); their wall clock alone is ten minutes
+ahead.
 
 Without libfaketime the module is skipped, or fails with ``AIRFLOW_SPOT_REQUIRE_FAKETIME=1``
 (``.ci/run`` sets it once it installed Debian's ``faketime``); ``AIRFLOW_SPOT_LIBFAKETIME``
@@ -28,7 +29,6 @@ names the library where it is not Debian's.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -40,12 +40,12 @@ from typing import Any
 import pytest
 
 from airflow_spot.testing import scripted_trace
+from airflow_spot.testing.clock import libfaketime, skew_env, sleep_shim
 
 DAG_ID = "spot_deployment_skew"
 TASK_ID = "train"
 SKEW_S = 600  # the workers' clock: ten minutes ahead
 REQUIRE_FAKETIME_ENV = "AIRFLOW_SPOT_REQUIRE_FAKETIME"
-LIBFAKETIME_ENV = "AIRFLOW_SPOT_LIBFAKETIME"
 POLL_S = 1.0  # the operator's poll_interval
 # attempt ended -> task out of ``deferred``: a trigger poll, the triggerer's loop (about 1 s)
 # and this test's own look, on a loaded 2-core machine; the bug took SKEW_S
@@ -95,34 +95,6 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timez
 '''
 
 
-SLEEP_SHIM = '''"""Written by tests/deployment/test_deployment_skew.py: time.sleep without
-clock_nanosleep(TIMER_ABSTIME), which libfaketime 0.9.10 breaks (wolfcw/libfaketime#426)."""
-import select
-import time
-
-
-def sleep(seconds):
-    if seconds < 0:
-        raise ValueError("sleep length must be non-negative")
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        select.select([], [], [], left)
-
-
-time.sleep = sleep
-'''
-
-
-def libfaketime() -> Path | None:
-    """``$AIRFLOW_SPOT_LIBFAKETIME``, else Debian's (the thread-safe variant first)."""
-    if os.environ.get(LIBFAKETIME_ENV):
-        found = [os.environ[LIBFAKETIME_ENV]]
-    else:
-        found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
-        found += sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    return next((Path(p) for p in found if Path(p).is_file()), None)
-
-
 @pytest.fixture(scope="module")
 def worker_clock_env(deployment_root: Path) -> dict[str, str]:
     """What puts a process, and what it starts, ``SKEW_S`` seconds ahead (its monotonic clock
@@ -134,15 +106,7 @@ def worker_clock_env(deployment_root: Path) -> dict[str, str]:
         if os.environ.get(REQUIRE_FAKETIME_ENV) == "1":
             pytest.fail(f"{REQUIRE_FAKETIME_ENV}=1 but {reason}", pytrace=False)
         pytest.skip(reason)
-    shim = deployment_root / "faketime_shim"
-    shim.mkdir(exist_ok=True)
-    (shim / "sitecustomize.py").write_text(SLEEP_SHIM)
-    return {
-        "LD_PRELOAD": str(lib),
-        "FAKETIME": f"+{SKEW_S // 60}m",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "PYTHONPATH": str(shim),
-    }
+    return skew_env(lib, f"+{SKEW_S // 60}m", sleep_shim(deployment_root / "faketime_shim"))
 
 
 @pytest.fixture(scope="module")
