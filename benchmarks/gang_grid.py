@@ -10,8 +10,10 @@ as ``airflow-spot simulate --window 80h --seed 11`` cuts them), C = 48 h of 4-no
 d = 0.2 h, R = 52 / 60 / 70 h, spot $0.9731 and on-demand $3.06 per node-hour, under the
 oracle's and the cluster's observation, each with and without an on-demand acquisition
 delay (drawn per tick, log-normal, median 5 min, p95 20 min, rounded up to 5-min ticks; the
-safety net keeps the p95). Every node billed, a partial gang's wait billed for the nodes it
-held (provisioning not atomic), a probe's find billed for 4 placeholder nodes. The optimum
+safety net keeps the p95). Every node billed, a partial gang billed for the nodes it held
+(provisioning not atomic: Karpenter, whose errors say "fewer than N", so the Kubernetes
+backend ends the gang 15 s after each launch; one row holds it while the request waits, a
+cluster with no such signal), a probe's find billed for 4 placeholder nodes. The optimum
 is the exact omniscient schedule on the same polarized trace under the same costs and
 delays. ``deadline_aware`` plans on the gang prior (``policy/priors/gang*.json``,
 ``benchmarks/fit_priors.py``): each zone's windows on the one fitted on the other two zones,
@@ -20,7 +22,9 @@ optimum and the partial-gang waste, then the issue's targets (0 misses; deadline
 uniform_progress at each deadline; a mean gap of at most 5 %), met or not. Then, under the
 same delays with a reserved fallback pool (a capacity reservation that brings the gang up in
 5 min: an on-demand launch escalates to it at the last look that still meets the deadline;
-the optimum may use it too), under both observation models. Then, under the cluster's
+the optimum may use it too), under both observation models; then with the reservation taken
+first (the Kubernetes backend's ``preset="karpenter-reserved"``: Karpenter launches reserved
+capacity first, so every on-demand launch waits the reservation's 5 min). Then, under the cluster's
 observation, the same delays with a wider margin and no reserved pool (40 and 60 min: the
 draws' tail past the margin is what misses), and on a cluster with atomic provisioning and a free
 capacity check (a check-capacity ProvisioningRequest: no partial gang, no placeholder), with
@@ -40,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT  # noqa: E402
 
+from airflow_spot.backends.kubernetes.capacity_signals import CAPACITY_SETTLE_S  # noqa: E402
 from airflow_spot.simulate.counts import load_count_folder  # noqa: E402
 from airflow_spot.simulate.gang import Acquire, Gang  # noqa: E402
 from airflow_spot.simulate.sweep import OMNISCIENT, Setting, random_windows, summarise, sweep  # noqa: E402
@@ -171,17 +176,18 @@ def main() -> None:
     missed: list[str] = []
     delay = Acquire(20 * 60.0, 5 * 60.0, seed=args.seed)
     every = [*ONLINE, OMNISCIENT]
+    end = CAPACITY_SETTLE_S  # Karpenter says "fewer than N": the backend ends the gang then
     t0 = time.time()
-    rows = run(traces, Gang(), args.workers, every, OBSERVE)
+    rows = run(traces, Gang(partial_end_s=end), args.workers, every, OBSERVE)
     missed += report(rows, f"gang, on-demand at once: {len(traces)} windows")
     print(f"sweep: {time.time() - t0:.0f} s")
     t0 = time.time()
-    delayed = run(traces, Gang(acquire=delay), args.workers, every, OBSERVE)
+    delayed = run(traces, Gang(acquire=delay, partial_end_s=end), args.workers, every, OBSERVE)
     label = "gang, on-demand acquisition drawn (median 5 min, p95 20 min), margin 20 min"
     missed += report(delayed, f"{label}: {len(traces)} windows")
     print(f"sweep: {time.time() - t0:.0f} s")
     t0 = time.time()
-    reserve = Gang(acquire=delay, reserved_s=RESERVED_S)
+    reserve = Gang(acquire=delay, reserved_s=RESERVED_S, partial_end_s=end)
     rows = run(traces, reserve, args.workers, every, OBSERVE)
     with_reserve = [r for r in rows if r["policy"] == OMNISCIENT]  # the optimum may use it
     label = (
@@ -192,12 +198,38 @@ def main() -> None:
     escalated = sum(r.get("escalations", 0) for r in rows)
     print(f"on-demand launches escalated to the reserved pool: {escalated}")
     print(f"sweep: {time.time() - t0:.0f} s")
+    t0 = time.time()
+    # the reservation first, as the Kubernetes backend's preset="karpenter-reserved" has it
+    # (Karpenter launches reserved capacity first while the reservation lasts): every
+    # on-demand launch waits the reservation's 5 min; the optimum's delays are the same
+    first = Gang(acquire=delay, reserved_s=RESERVED_S, partial_end_s=end, reserved_first=True)
+    rows = run(traces, first, args.workers, ONLINE, OBSERVE)
+    label = (
+        f"the same delays, the reserved pool taken first (preset karpenter-reserved; "
+        f"{RESERVED_S / 60:g} min)"
+    )
+    missed += report(rows + with_reserve, f"{label}: {len(traces)} windows")
+    print(f"on-demand launches on the reserved pool: {sum(r.get('escalations', 0) for r in rows)}")
+    print(f"sweep: {time.time() - t0:.0f} s")
+    t0 = time.time()
+    # a cluster that cannot say "fewer than N" (no Karpenter errors): a partial gang is held
+    # for as long as the request waits
+    held = Gang(acquire=delay, reserved_s=RESERVED_S)
+    rows = run(traces, held, args.workers, ONLINE, ["cluster"])
+    label = "the same delays and reserved pool, a partial gang held while it waits (not ended)"
+    report(rows + with_reserve, label, ["cluster"])
+    print(f"sweep: {time.time() - t0:.0f} s")
     # the same delays, the optimum reused (it pays no partial gang, probe or margin)
     optimum = [r for r in delayed if r["policy"] == OMNISCIENT]
     for margin_min in (40, 60):
         t0 = time.time()
         rows = run(
-            traces, Gang(acquire=delay), args.workers, ONLINE, ["cluster"], margin_min * 60.0
+            traces,
+            Gang(acquire=delay, partial_end_s=end),
+            args.workers,
+            ONLINE,
+            ["cluster"],
+            margin_min * 60.0,
         )
         report(rows + optimum, f"the same delays, margin {margin_min} min", ["cluster"])
         print(f"sweep: {time.time() - t0:.0f} s")
