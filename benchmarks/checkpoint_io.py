@@ -1,22 +1,30 @@
 """Checkpoint save and resume against plain copies of the same bytes, local and S3 (issue 38).
 
-    python benchmarks/checkpoint_io.py [--sizes 256,1024,4096] [--files 1,8] [--rounds 2]
+    python benchmarks/checkpoint_io.py [--sizes 256,1024,4096] [--files 1,8] [--rounds 3]
                                        [--s3-server both|gofakes3|moto] [--s3-rounds 3]
                                        [--moto-rounds 1]
                                        [--no-s3] [--no-local] [--dir /tmp]
 
 For each total size (MiB, split evenly over 1 or 8 random files given to ``step_done`` as
 paths) it times, side by side in one run, each case in a fresh interpreter that prints its
-time and its peak RSS above the interpreter with its imports loaded:
+time and its peak RSS while it ran, above the RSS it started from (its imports loaded, its
+S3 client built: the high-water mark is reset there, where Linux allows it):
 
 * local save: ``step_done`` (one pass: hashed while copied, fsynced) against
   ``shutil.copyfile`` + ``fsync`` of each file;
 * local resume: ``resume_to`` (hashed while copied) against ``shutil.copyfile`` of each
-  file, with and without ``fsync`` (the stored files are evicted from the page cache
-  before every resume: a resume on a new node reads them cold);
+  file, with and without ``fsync``. A resume on a new node reads its files cold, so before
+  every resume the page cache is dropped (``drop_caches``, as root) or, where that is not
+  allowed, the stored files are evicted from it (``POSIX_FADV_DONTNEED``); the table's
+  title says which;
 * S3 save: ``step_done`` against boto3's ``upload_file`` (its default parts and threads);
 * S3 resume: ``resume_to`` against the best of boto3's ``download_file`` and one streamed
   ``get_object`` per file.
+
+Every case builds its S3 client before its clock starts (ours: the training session's own),
+so neither side is timed for parsing botocore's S3 model (~0.06 s and ~25 MB in a fresh
+process, paid once by both a real resume and a plain script). A resume still does more
+requests than a plain GET of a known key: one listing and one manifest read per resume.
 
 S3 runs against two servers over HTTP on 127.0.0.1 (no real S3 is reachable here):
 
@@ -34,13 +42,13 @@ S3 runs against two servers over HTTP on 127.0.0.1 (no real S3 is reachable here
 built (no ``go``: said in the output). Each server is stopped before the next starts, and
 before the script ends, whatever happens.
 
-Each local case runs ``--rounds`` times, alternating ours and the plain copy; the table
-gives the fastest of each (the machine is shared: the slower rounds are other people's I/O).
-Each S3 case runs ``--s3-rounds`` times on gofakes3 and ``--moto-rounds`` times on moto (which
-uploads at 40-110 MB/s), ours and the references side by side in each round (their order
-alternating); the table gives the median time of each and the median of the
-per-round ratios. Then the notice-window table: at the measured throughput of the biggest
-size, the largest checkpoint that saves within a 30 s (GCP) and a 120 s (AWS) preemption notice.
+Each case runs ``--rounds`` times locally, ``--s3-rounds`` times on gofakes3 and
+``--moto-rounds`` times on moto (which uploads at 40-110 MB/s), ours and the references side
+by side in each round, their order reversed every other round (on this shared VM what runs
+first after a cold drop or a big delete pays differently). The table gives the median time
+of each, the highest peak, and the median of the per-round ratios with their spread. Then the
+notice-window table: at the measured throughput of the biggest size, the largest checkpoint
+that saves within a 30 s (GCP) and a 120 s (AWS) preemption notice.
 """
 
 from __future__ import annotations
@@ -63,11 +71,27 @@ from pathlib import Path
 from typing import Any
 
 CASE = textwrap.dedent("""
-    import json, os, resource, shutil, sys, time
+    import gc, json, os, resource, shutil, sys, time
     from pathlib import Path
 
-    def rss():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB on Linux
+    def status(field):
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024  # MB
+
+    def peak_from_here():
+        # the peak RSS from here: Linux resets the high-water mark (VmHWM) to the RSS on "5"
+        # in clear_refs, so the imports and the client build before it hide no smaller peak
+        # (else the whole process's high-water mark, ru_maxrss)
+        gc.collect()
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+            return status("VmRSS"), lambda: status("VmHWM")
+        except OSError:
+            rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            return rss(), rss
 
     def fsync(path):
         fd = os.open(path, os.O_RDONLY)
@@ -83,18 +107,19 @@ CASE = textwrap.dedent("""
         bucket, prefix = uri[5:].split("/", 1)
         client = boto3.client("s3")
     from airflow_spot.checkpoint.training import TrainingSession
-    from airflow_spot.checkpoint import open_store
-    store = open_store(uri)
+    session = TrainingSession(uri, total_steps=2, save_every=1)
     if uri.startswith("s3://"):
-        store.client  # built, its modules loaded, before the baseline
-    base = rss()
+        # the session's own client built before the baseline, as the reference's is: each
+        # client parses botocore's S3 model (~0.06 s, ~25 MB at its peak), a cost both sides
+        # pay once per process and neither is timed for
+        session.checkpoints.store.client
+    base, peak = peak_from_here()
     t0 = time.perf_counter()
     names = [Path(s).name for s in srcs]
     if case == "save-ours":
-        session = TrainingSession(uri, total_steps=2, save_every=1)
         session.step_done(1, lambda: {n: Path(s) for n, s in zip(names, srcs)})
     elif case == "resume-ours":
-        step, files = TrainingSession(uri, total_steps=2).resume_to(out)
+        step, files = session.resume_to(out)
         assert step == 1 and sorted(files) == sorted(names), files
     elif case in ("save-copy", "resume-copy", "resume-copy-nosync"):
         out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +143,7 @@ CASE = textwrap.dedent("""
                     fh.write(chunk)
     else:
         raise SystemExit(f"unknown case {case}")
-    print(json.dumps({"s": time.perf_counter() - t0, "mb": rss() - base}))
+    print(json.dumps({"s": time.perf_counter() - t0, "mb": peak() - base}))
 """)
 
 # moto's S3 server, its ranged GET reading only the range (``ranged``) or as it is (``stock``)
@@ -163,7 +188,8 @@ class Row:
     plain: dict[str, float]
     plain_name: str
     note: str = ""
-    median_ratio: float | None = None  # S3: the median of the per-round ratios
+    median_ratio: float | None = None  # the median of the per-round ratios
+    spread: tuple[float, float] | None = None  # their lowest and highest
 
     @property
     def ratio(self) -> float:
@@ -202,6 +228,19 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
+def cold(paths: list[Path]) -> str:
+    """Make the next read of ``paths`` cold: the whole page cache dropped where this may
+    (root: ``drop_caches``, every run alike), else those files' pages evicted. Which one."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3")
+        return "drop_caches"
+    except OSError:
+        evict(paths)
+        return "evicted (POSIX_FADV_DONTNEED; not root)"
+
+
 def make_files(where: Path, total_mb: int, files: int) -> list[Path]:
     where.mkdir(parents=True, exist_ok=True)
     each = total_mb * MIB // files
@@ -216,45 +255,73 @@ def make_files(where: Path, total_mb: int, files: int) -> list[Path]:
     return out
 
 
-def best(runs: list[dict]) -> dict:
-    return min(runs, key=lambda r: r["s"])
+PLAIN = {"save-copy": "copyfile + fsync", "resume-copy": "copyfile + fsync"}
+PLAIN["resume-copy-nosync"] = "copyfile (no sync)"
+
+
+def shown(case: str) -> str:
+    """How the table names a reference case."""
+    return PLAIN.get(case, case.split("-", 1)[1])
+
+
+def summary(
+    op: str, n: int, mb: int, runs: list[dict[str, dict]], ours: str, refs: list[str]
+) -> Row:
+    """A row from side-by-side rounds: median times, the reference with the lowest median
+    (the others named), and the median and spread of ours / the best reference per round."""
+    ratios = [run[ours]["s"] / min(run[c]["s"] for c in refs) for run in runs]
+    plains = {c: median([run[c] for run in runs]) for c in refs}
+    name = min(plains, key=lambda c: plains[c]["s"])
+    others = [f"{shown(c)} {plains[c]['s']:.2f} s" for c in plains if c != name]
+    return Row(
+        op,
+        n,
+        mb,
+        median([run[ours] for run in runs]),
+        plains[name],
+        shown(name),
+        "; ".join(others),
+        statistics.median(ratios),
+        (min(ratios), max(ratios)),
+    )
+
+
+def side_by_side(cases: list[str], r: int, run: Any) -> dict[str, dict]:
+    """One round: ``run(case)`` for each case, in the given order in even rounds and the
+    reverse in odd ones (what runs first pays for the state the round before left)."""
+    return {case: run(case) for case in (cases if r % 2 == 0 else cases[::-1])}
 
 
 def local_rows(tmp: Path, srcs: list[Path], mb: int, rounds: int, env: dict) -> list[Row]:
+    """Saves (the files as the trainer left them, in the page cache) and cold resumes, ours
+    and the plain copies side by side in each round."""
     store = tmp / "store"
-    saves: dict[str, list[dict]] = {"save-ours": [], "save-copy": []}
-    for _ in range(rounds):
-        for case in saves:
-            if case == "save-ours":
-                shutil.rmtree(store, ignore_errors=True)
-            saves[case].append(run_case(case, str(store), srcs, tmp / "copy", env))
+
+    def save(case: str) -> dict:
+        if case == "save-ours":
+            shutil.rmtree(store, ignore_errors=True)
+        os.sync()  # the case before's dirty pages are not this one's to write
+        return run_case(case, str(store), srcs, tmp / "copy", env)
+
+    saves = [side_by_side(["save-ours", "save-copy"], r, save) for r in range(rounds)]
     stored = sorted(store.glob("ckpt-*/shard*.bin"))  # what the last save-ours wrote
-    resumes: dict[str, list[dict]] = {
-        c: [] for c in ("resume-ours", "resume-copy", "resume-copy-nosync")
-    }
-    for _ in range(rounds):
-        for case in resumes:
-            evict(stored)
-            resumes[case].append(run_case(case, str(store), stored, tmp / "in", env))
+
+    def resume(case: str) -> dict:
+        COLD.add(cold(stored))
+        return run_case(case, str(store), stored, tmp / "in", env)
+
+    cases = ["resume-ours", "resume-copy", "resume-copy-nosync"]
+    resumes = [side_by_side(cases, r, resume) for r in range(rounds)]
     shutil.rmtree(store, ignore_errors=True)
     n = len(srcs)
-    ours_r = best(resumes["resume-ours"])
     return [
-        Row(
-            "local save",
-            n,
-            mb,
-            best(saves["save-ours"]),
-            best(saves["save-copy"]),
-            "copyfile + fsync",
-        ),
-        Row("local resume", n, mb, ours_r, best(resumes["resume-copy"]), "copyfile + fsync"),
-        Row(
-            "local resume", n, mb, ours_r, best(resumes["resume-copy-nosync"]), "copyfile (no sync)"
-        ),
+        summary("local save", n, mb, saves, "save-ours", ["save-copy"]),
+        summary("local resume", n, mb, resumes, "resume-ours", ["resume-copy"]),
+        summary("local resume", n, mb, resumes, "resume-ours", ["resume-copy-nosync"]),
     ]
 
 
+COLD: set[str] = set()  # how the stored files were made cold before each local resume
 HERE = Path(__file__).resolve().parent
 BUILD_GOFAKES3 = HERE.parent / "tools" / "s3" / "build.sh"
 CREDS = {
@@ -341,8 +408,8 @@ def drop(client: Any, prefix: str) -> None:
 
 
 def median(runs: list[dict]) -> dict:
-    ordered = sorted(runs, key=lambda r: r["s"])
-    return {"s": statistics.median(r["s"] for r in runs), "mb": ordered[-1]["mb"]}
+    """The median time, and the highest peak memory, of a case's runs."""
+    return {"s": statistics.median(r["s"] for r in runs), "mb": max(r["mb"] for r in runs)}
 
 
 def s3_round(tmp: Path, srcs: list[Path], env: dict, client: Any, r: int) -> dict[str, dict]:
@@ -373,27 +440,10 @@ def s3_rows(tmp: Path, srcs: list[Path], mb: int, server: str, rounds: int, gofa
     n, label = len(srcs), "gofakes3" if server == "gofakes3" else "moto"
     with s3_server(server, tmp, gofakes3) as (env, client):
         runs = [s3_round(tmp, srcs, env, client, r) for r in range(rounds)]
-
-    def row(op: str, ours: str, refs: list[str]) -> Row:
-        # per round: ours against the best reference of that same round
-        ratios = [run[ours]["s"] / min(run[c]["s"] for c in refs) for run in runs]
-        plains = {c: median([run[c] for run in runs]) for c in refs}
-        name = min(plains, key=lambda c: plains[c]["s"])
-        others = [f"{c.split('-', 1)[1]} {plains[c]['s']:.2f} s" for c in plains if c != name]
-        return Row(
-            f"{op} ({label})",
-            n,
-            mb,
-            median([run[ours] for run in runs]),
-            plains[name],
-            name.split("-", 1)[1],
-            "; ".join(others),
-            statistics.median(ratios),
-        )
-
+    refs = ["resume-get_object", "resume-download_file"]
     return [
-        row("S3 save", "save-ours", ["save-upload_file"]),
-        row("S3 resume", "resume-ours", ["resume-get_object", "resume-download_file"]),
+        summary(f"S3 save ({label})", n, mb, runs, "save-ours", ["save-upload_file"]),
+        summary(f"S3 resume ({label})", n, mb, runs, "resume-ours", refs),
     ]
 
 
@@ -422,16 +472,17 @@ def stock_moto_rows(tmp: Path, srcs: list[Path], mb: int) -> list[Row]:
 def print_rows(rows: list[Row]) -> None:
     print(
         "| operation | files | MiB | ours s | ours MB/s | ours peak MB | plain reference "
-        "| plain s | plain peak MB | ratio |"
+        "| plain s | plain peak MB | ratio (per-round spread) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         rate = r.size_mb * MIB / 1e6 / r.ours["s"]
         note = f" ({r.note})" if r.note else ""
+        spread = f" ({r.spread[0]:.2f}-{r.spread[1]:.2f})" if r.spread else ""
         print(
             f"| {r.op} | {r.files} | {r.size_mb} | {r.ours['s']:.2f} | {rate:.0f} "
             f"| {r.ours['mb']:.0f} | {r.plain_name}{note} | {r.plain['s']:.2f} "
-            f"| {r.plain['mb']:.0f} | **{r.ratio:.2f}x** |"
+            f"| {r.plain['mb']:.0f} | **{r.ratio:.2f}x**{spread} |"
         )
 
 
@@ -472,7 +523,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="256,1024,4096", help="total MiB per checkpoint")
     ap.add_argument("--files", default="1,8", help="files per checkpoint")
-    ap.add_argument("--rounds", type=int, default=2, help="runs of each local case (fastest kept)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each local case (median)")
     ap.add_argument("--s3-rounds", type=int, default=3, help="runs of each gofakes3 case (median)")
     ap.add_argument("--moto-rounds", type=int, default=1, help="runs of each moto case (median)")
     ap.add_argument("--s3-server", choices=("both", "gofakes3", "moto"), default="both")
@@ -511,7 +562,8 @@ def main() -> None:
                 shutil.rmtree(tmp / "src")
                 print(f"  done: {mb} MiB in {n} file(s)", file=sys.stderr, flush=True)
     for title, pick in (
-        ("local", lambda r: not r.op.startswith("S3")),
+        (f"local (each resume reads cold: {' / '.join(sorted(COLD)) or '-'})",
+         lambda r: not r.op.startswith("S3")),
         ("S3, gofakes3 (tools/s3)", lambda r: "gofakes3" in r.op),
         ("S3, moto (ranged GETs read only the range; stock moto: last rows)",
          lambda r: r.op.startswith("S3") and "gofakes3" not in r.op),

@@ -12,7 +12,9 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from airflow_spot.checkpoint import s3parts
 from airflow_spot.checkpoint.base import CHUNK, error_code, must_exist, safe_key, tmp_beside
@@ -63,12 +65,15 @@ def _retried(self, method, args, kwargs):
     which the operator sets from it at launch; botocore's own retries give up after seconds, and
     not at all once a body streams): a trainer then rides out S3 throttling or a dropped
     connection instead of exiting 1, and a watcher's look does not fail its task's try."""
-    give_up = time.monotonic() + s3_retry_s(airflow=not self.training)
+    start, give_up = time.monotonic(), None
     delay = 0.5
     while True:
         try:
             return method(self, *args, **kwargs)
         except Exception as e:
+            if give_up is None:  # read at the first failure: an Airflow process reads its
+                # configuration for it, a cost every call would pay (~5 ms)
+                give_up = start + s3_retry_s(airflow=not self.training)
             left = give_up - time.monotonic()
             if not _transient(e) or left <= 0:
                 raise
@@ -84,6 +89,28 @@ def _retried(self, method, args, kwargs):
             )
             time.sleep(wait)
             delay = min(delay * 2, S3_RETRY_MAX_WAIT_S)
+
+
+# a listing's next page: where its answer says it goes on, and the argument that asks for it
+_NEXT = {
+    "NextContinuationToken": "ContinuationToken",  # list_objects_v2
+    "NextKeyMarker": "KeyMarker",  # list_multipart_uploads (with the next one)
+    "NextUploadIdMarker": "UploadIdMarker",
+}
+
+
+def _pages(method: Callable[..., dict[str, Any]], **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """Every page of a listing, asked for one after another. Not botocore's paginator:
+    the first one a client builds loads its model (~14 ms, on every resume's first listing)."""
+    while True:
+        page = method(**kwargs)
+        yield page
+        follow = {arg: page[key] for key, arg in _NEXT.items() if page.get(key)}
+        if not page.get("IsTruncated") or not follow:
+            return
+        if all(kwargs.get(arg) == value for arg, value in follow.items()):
+            raise CheckpointError(f"a listing of {kwargs.get('Prefix')!r} did not move on")
+        kwargs.update(follow)
 
 
 def _named(method):
@@ -263,8 +290,8 @@ class S3Store:
             return
         base = f"{self.prefix}/" if self.prefix else ""
         try:
-            for page in self.client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=self.bucket, Prefix=base + prefix
+            for page in _pages(
+                self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=base + prefix
             ):
                 for up in page.get("Uploads", []):
                     if up["Key"][len(base) :].split("/")[0] < below:
@@ -330,9 +357,7 @@ class S3Store:
     def list(self, prefix: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         out = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=base + prefix
-        ):
+        for page in _pages(self.client.list_objects_v2, Bucket=self.bucket, Prefix=base + prefix):
             out += [o["Key"][len(base) :] for o in page.get("Contents", [])]
         return sorted(out)
 

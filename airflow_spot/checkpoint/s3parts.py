@@ -146,9 +146,8 @@ def upload(
         up = client.create_multipart_upload(Bucket=bucket, Key=key, **extra)["UploadId"]
         try:
             with parts.uploading():
-                sent, n = _send_parts(
-                    client, src, part, h, parts, dict(Bucket=bucket, Key=key, UploadId=up, **extra)
-                )
+                call = dict(Bucket=bucket, Key=key, UploadId=up, **extra)
+                sent, n = _send_parts(client, src, size, part, h, parts, call)
             client.complete_multipart_upload(
                 Bucket=bucket, Key=key, UploadId=up, MultipartUpload={"Parts": sent}
             )
@@ -168,9 +167,13 @@ def _checksum_args(client: Any) -> dict[str, str]:
 
 
 def _send_parts(
-    client: Any, src: Any, part: int, h: Any, parts: Parts, call: dict[str, Any]
+    client: Any, src: Any, size: int, part: int, h: Any, parts: Parts, call: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], int]:
-    """Read ``src`` in order into part buffers (hashing each), and send them concurrently."""
+    """Read ``src`` in order into part buffers (hashing each), and send them concurrently.
+    Each part is read to its known length (the file's size when the upload began): no read
+    past the end takes a buffer out of the shared ones, and the last, shorter part is read
+    into a buffer of its own size, not copied out of a full one. A file that ends early is
+    sent as far as it goes (the caller refuses a file whose size changed)."""
     done: list[Future[dict[str, Any]]] = []
     n = 0
 
@@ -187,21 +190,33 @@ def _send_parts(
         return out
 
     with ThreadPoolExecutor(parts.tuning.concurrency, thread_name_prefix="s3-put") as pool:
-        for number in range(1, MAX_PARTS + 1):
+        for number, start in enumerate(range(0, size, part), 1):
             parts.slots.acquire()
             if any(f.done() and f.exception() for f in done):
                 parts.slots.release()
                 break  # a part failed: read no more (its error is raised below)
-            buf = parts.buffer(part)
-            got = src.readinto(buf)
-            if not got:
+            length = min(part, size - start)
+            buf = parts.buffer(part) if length == part else bytearray(length)
+            got = _read_full(src, buf)
+            if not got:  # the file shrank meanwhile, to here: no empty part
                 parts.slots.release()
                 break
-            body = buf if got == part else buf[:got]  # the last part: a copy of its size
-            h.update(body)
+            if got < length:  # ... or within this part: what was read, then stop
+                buf = buf[:got]
+            h.update(buf)
             n += got
-            done.append(pool.submit(send, number, body))
+            done.append(pool.submit(send, number, buf))
+            if got < length:
+                break
     return [f.result() for f in done], n
+
+
+def _read_full(src: Any, buf: bytearray) -> int:
+    """Fill ``buf`` from ``src``, short only at the end of the file (one read stops at 2 GiB)."""
+    view, n = memoryview(buf), 0
+    while n < len(buf) and (got := src.readinto(view[n:])):
+        n += got
+    return n
 
 
 def download(

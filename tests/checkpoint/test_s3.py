@@ -444,3 +444,29 @@ def test_the_files_of_a_save_share_one_client_and_one_set_of_slots(monkeypatch) 
         t.join()
     assert len(built) == 1
     assert len({id(c) for c, _ in got}) == len({id(p) for _, p in got}) == 1
+
+
+def test_a_resume_asks_for_one_listing_one_manifest_and_each_file_once(
+    s3_server, tmp_path: Path, monkeypatch
+) -> None:
+    """What a resume asks of S3 beyond the plain GET of a key it knew: one listing (which
+    checkpoint is newest) and its manifest (what to check the bytes against); then one
+    streamed GET a file, and nothing else (no HEAD, no ranges)."""
+    from airflow_spot.checkpoint.training import TrainingSession
+
+    for name in ("AIRFLOW_SPOT_S3_CONCURRENCY", "AIRFLOW_SPOT_S3_DOWNLOAD"):
+        monkeypatch.delenv(name, raising=False)
+    files = {}
+    for i in range(3):
+        files[f"shard{i}.bin"] = tmp_path / f"shard{i}.bin"
+        files[f"shard{i}.bin"].write_bytes(os.urandom(1000 + i))
+    uri = "s3://spot-ckpt/requests"
+    TrainingSession(uri, total_steps=2, save_every=1).step_done(1, lambda: dict(files))
+    r = TrainingSession(uri, total_steps=2)
+    asked: list[str] = []
+    r.checkpoints.store.client.meta.events.register(
+        "before-call.s3", lambda model, **kw: asked.append(model.name)
+    )
+    step, got = r.resume_to(tmp_path / "in")
+    assert step == 1 and sorted(got) == sorted(files)
+    assert sorted(asked) == ["GetObject"] * 4 + ["ListObjectsV2"]
