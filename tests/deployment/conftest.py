@@ -65,6 +65,14 @@ MIGRATE_SETTINGS = (  # prefixes: a _CMD or _SECRET variant counts too
 )
 
 
+def _fernet_key() -> str:
+    """A fresh Fernet key (Airflow's own dependency makes it), in the components' environment
+    only: never written to disk."""
+    from cryptography.fernet import Fernet
+
+    return Fernet.generate_key().decode()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
@@ -514,6 +522,11 @@ class AirflowDeployment:
             AIRFLOW__API__BASE_URL=f"{self.base_url}/",
             AIRFLOW__API__WORKERS="1",
             AIRFLOW__API_AUTH__JWT_SECRET=os.urandom(16).hex(),
+            # one key for every component: without it the first to start writes airflow.cfg
+            # with a key of its own, and a component that read the config before that has
+            # none; a trigger the api-server stored encrypted then killed the triggerer at
+            # start (json.loads of a Fernet token: seen once in CI)
+            AIRFLOW__CORE__FERNET_KEY=_fernet_key(),
             AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(self.root / "logs"),
             # the log servers stay off (--skip-serve-logs); should one start, not on 8793/8794
             AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
