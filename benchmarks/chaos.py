@@ -148,10 +148,8 @@ from chaos_deploy import (  # noqa: E402
     Supervisor,
     Watch,
     job_state,
-    libfaketime,
     recorded_dirs,
     restart_workers,
-    sleep_shim,
     trainers_of,
     wait_healthy,
 )
@@ -174,6 +172,7 @@ from airflow_spot.checkpoint import LocalStore, S3Store, Store  # noqa: E402
 from airflow_spot.checkpoint.s3 import S3_RETRY_ENV  # noqa: E402
 from airflow_spot.production import WORKER_SETTINGS  # noqa: E402
 from airflow_spot.testing import scripted_trace, train_command  # noqa: E402
+from airflow_spot.testing.clock import libfaketime, sleep_shim  # noqa: E402
 from airflow_spot.testing.faults import FaultProxy, Mode, Request  # noqa: E402
 
 DAG_ID = "spot_chaos"

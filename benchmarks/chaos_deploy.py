@@ -38,7 +38,7 @@ from typing import Any
 
 import conftest as deploy  # tests/deployment (chaos.py puts it on the path)
 
-from airflow_spot.testing.clock import SKEW_KEYS, libfaketime, skew_env, sleep_shim  # noqa: F401
+from airflow_spot.testing.clock import SKEW_KEYS
 
 RESTART_S = 5.0  # the supervisor's RestartSec
 TERMINAL = ("success", "failed", "upstream_failed", "skipped", "removed")

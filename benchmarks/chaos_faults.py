@@ -39,7 +39,6 @@ from chaos_deploy import (
     recorded_dirs,
     restart_postgres,
     restart_workers,
-    skew_env,
     stop_component,
     trainers_of,
     wait_healthy,
@@ -48,6 +47,7 @@ from chaos_deploy import (
 from airflow_spot.checkpoint import Store
 from airflow_spot.checkpoint.writable import REASON_FILE
 from airflow_spot.exceptions import BudgetExhausted, ConfigError
+from airflow_spot.testing.clock import skew_env
 
 # An outage (api-server, Redis, PostgreSQL) begins at most this long after the task deferred
 # anew: its trigger holds every event for min_deferral (10.5 s), so no try runs while the
