@@ -263,6 +263,7 @@ class Turn:
                 nodes=self.args.nodes,
                 # in market seconds: as given, or the longest the gang's nodes took, if longer
                 acquire_s=max(self.args.acquire_s, st.acquired_s) * st.time_scale,
+                make_before_break=self.attempt.can_hand_over(),  # how act() returns to spot
             )
         except ConfigError as e:
             if e.field != "deadline_s":

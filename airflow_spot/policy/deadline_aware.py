@@ -137,6 +137,7 @@ class DeadlineAware(Policy):
             job.slack_s,
             math.ceil(job.deadline_s / step),
             self.params.miss_penalty,
+            job.make_before_break,
         )
         for i, (_, have, plan, m) in enumerate(self._plans):
             if plans.serves(have, key):
@@ -168,7 +169,7 @@ class DeadlineAware(Policy):
         tau = int(left // plan.tick_s + 1e-9)
         units = tau * round(plan.tick_s / plan.unit_s) - math.ceil(work_left / plan.unit_s - 1e-9)
         units = units if slack >= 0 else -1
-        state = plan.state(obs.capacity.value, obs.changeover_left_s)
+        state = plan.state(obs.capacity.value, obs.changeover_left_s, obs.overlap)
 
         def cheap(up: bool, age_s: float) -> bool:
             bucket = context * len(model.edges) + model.bucket(age_s)

@@ -45,6 +45,11 @@ class JobSpec:
     :param acquire_s: seconds it may take to get ``nodes`` on-demand nodes (measured, or
         given: the p95 of the pool's acquisition time); the safety net keeps it in its margin
         on top of the changeover. 0 for one node, where on-demand comes at once.
+    :param make_before_break: a return from on-demand to spot keeps on-demand training (and
+        billed) until spot is ready, so it loses no progress: the operator's returns on a
+        backend that can hold a launch, and the replay's under ``observe="cluster"`` (which
+        sets it). ``False``: on-demand stops when the spot launch starts (the paper's model).
+        ``deadline_aware``'s plan prices a return accordingly.
     """
 
     work_s: float
@@ -57,6 +62,7 @@ class JobSpec:
     failure_reserve_s: float = 0.0
     nodes: int = 1  # the gang's fields last: positional construction stays as it was
     acquire_s: float = 0.0
+    make_before_break: bool = False
 
     def __post_init__(self) -> None:
         _positive("work_s", self.work_s, "the compute time the job needs, e.g. 48 h = 172800")
@@ -76,6 +82,12 @@ class JobSpec:
         if not (finite_number(r) and r >= 0):
             raise InvalidJobSpec("failure_reserve_s", f"must be >= 0 seconds, got {r!r}")
         _gang(self.nodes, self.acquire_s)
+        if not isinstance(self.make_before_break, bool):
+            raise InvalidJobSpec(
+                "make_before_break",
+                f"must be True or False (are returns to spot make-before-break?), "
+                f"got {self.make_before_break!r}",
+            )
         if self.deadline_s < self.work_s:
             raise InvalidJobSpec(
                 "deadline_s",

@@ -58,6 +58,7 @@ close, in the order a ledger would hold them, and no ledger is kept.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from airflow_spot.exceptions import ConfigError, finite_number
 from airflow_spot.ledger import Phase, Segment
@@ -118,8 +119,13 @@ def replay(
     where the policy offers a hint (default :data:`FAST`; off, every look is taken).
     ``keep_ledger=False``: the result's figures without its ledger (``ledger`` is ``None``;
     the figures are the same to the last bit), as a sweep, which reads only rows, asks.
-    ``gang``: a gang's market side (:class:`~.gang.Gang`; its size is ``job.nodes``)."""
+    ``gang``: a gang's market side (:class:`~.gang.Gang`; its size is ``job.nodes``).
+
+    The policy sees ``job`` with :attr:`~airflow_spot.policy.JobSpec.make_before_break` set
+    as this replay returns to spot (only under ``"cluster"``), as the operator sets it."""
     check_replay_options(observe, probe_hold_s)
+    if job.make_before_break is not (observe == "cluster"):
+        job = replace(job, make_before_break=observe == "cluster")
     check_tick(job, trace.gap_s)
     steady = getattr(policy, "steady", None) if (FAST if fast is None else fast) else None
     # the blind hint (jump over spot's changes on on-demand) where every look sees spot

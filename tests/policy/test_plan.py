@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from airflow_spot.exceptions import InvalidJobSpec
 from airflow_spot.policy import HOUR, Capacity, Decision, JobSpec, Observation, get_policy
 from airflow_spot.policy.base import Policy
 from airflow_spot.policy.deadline_aware import DeadlineAware
@@ -321,3 +322,48 @@ def test_on_demand_with_little_work_left_is_not_left_for_spot(left_h: float) -> 
     )
     d = policy.decide(job, obs)
     assert (d.capacity, d.rule) == (Capacity.ON_DEMAND, "dp_keep_od"), d.reason
+
+
+def test_a_make_before_break_plan_returns_where_a_lost_changeover_would_miss() -> None:
+    """A plan of make-before-break returns (on-demand trains on while spot launches, both
+    billed) takes spot back while the slack covers one changeover (kept for a fallback), where
+    a break-before-make return loses one on the way and needs two; once launching, it goes on;
+    spot at nearly on-demand's price is not worth the overlap's double bill."""
+    args = (MODEL, 600.0, 12, 0.32, 60, 40, 10.0)
+    bbm, mbb = _solve(*args), _solve(*args, overlap=True)
+    assert (bbm.states, mbb.states) == (1 + 2 * len(bbm.rro), 2 * len(mbb.rro) + len(mbb.rro))
+    old = len(MODEL.edges) - 1  # spot up in a long run: it rarely ends
+    od = bbm.state("on_demand", 0.0)
+    for slack in (12, 18, 23):  # one changeover (12 units) kept, not two
+        assert not bbm.cheap(30, od, True, old, slack)  # a return would leave < 12
+        assert mbb.cheap(30, od, True, old, slack)  # no progress lost: return
+    assert bbm.cheap(30, od, True, old, 24) and not mbb.cheap(30, od, True, old, 11)
+    slack = 18
+    launching = mbb.state("spot", 600.0, overlap=True)
+    assert launching == 2 * len(mbb.rro) + 1 and mbb.state("spot", 600.0) == 2
+    assert mbb.cheap(30, launching, True, old, slack)
+    pricey = _solve(MODEL, 600.0, 12, 0.99, 60, 40, 10.0, overlap=True)
+    assert not pricey.cheap(30, pricey.state("on_demand", 0.0), True, 0, slack)
+    # a plan's values: make-before-break only adds a way to return, so it never costs more
+    assert all(m <= b + 1e-9 for m, b in zip(mbb.values, bbm.values, strict=True))
+
+
+def test_the_replay_tells_the_policy_how_it_returns() -> None:
+    """The job a policy sees says whether a return is make-before-break: under the cluster's
+    observation it is (as the operator's), under the paper's oracle and cluster-bbm not."""
+    seen: dict[str, set[bool]] = {}
+
+    class Record(Policy):
+        name = "test_record_returns"
+
+        def choose(self, job: JobSpec, obs: Observation) -> Decision:
+            seen.setdefault(mode, set()).add(job.make_before_break)
+            return Decision(Capacity.ON_DEMAND, "od")
+
+    job = JobSpec(work_s=2 * HOUR, deadline_s=4 * HOUR, changeover_s=0.2 * HOUR)
+    trace = Trace("m", 600.0, np.ones(30, dtype=bool))
+    for mode in ("cluster", "oracle", "cluster-bbm"):
+        replay(Record(), trace, job, observe=mode)
+    assert seen == {"cluster": {True}, "oracle": {False}, "cluster-bbm": {False}}
+    with pytest.raises(InvalidJobSpec, match="make_before_break"):
+        JobSpec(work_s=HOUR, deadline_s=2 * HOUR, make_before_break="yes")  # type: ignore[arg-type]
