@@ -44,7 +44,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from airflow_spot.policy import priors
-from airflow_spot.policy.base import Policy, register
+from airflow_spot.policy.base import Policy, kept_s, register
 from airflow_spot.policy.model import HOUR, Capacity, Decision, JobSpec, Observation
 from airflow_spot.policy.reserve import share_of_up_reserve
 
@@ -128,14 +128,18 @@ class DeadlineAware(Policy):
         model = next((m for *_, m in self._plans if m.tick_s == step), None)
         if model is None:
             model = base.for_tick(step)
+        # the plan's deadline is the job's less what the safety net keeps (the gang's on-demand
+        # acquisition margin, the live operator's failure reserve), as the net sees it: planned
+        # to the job's own deadline, it counted on slack the net would not let it spend
+        kept = kept_s(job)
         key = plans.shape(
             model,
             step,
             job.changeover_s,
             job.spot_price,
             job.on_demand_price,
-            job.slack_s,
-            math.ceil(job.deadline_s / step),
+            job.slack_s - kept,
+            math.ceil((job.deadline_s - kept) / step),
             self.params.miss_penalty,
             job.make_before_break,
         )
@@ -159,7 +163,7 @@ class DeadlineAware(Policy):
         p = self.params
         plan, model = self.plan(job)
         d = job.changeover_s
-        left = job.deadline_s - obs.now
+        left = job.deadline_s - kept_s(job) - obs.now  # to the plan's deadline (see plan())
         work_left = job.work_s - obs.done_s
         slack = left - work_left
         context = model.context_of(obs.last_up_s, obs.last_down_s)

@@ -104,3 +104,32 @@ def test_a_gang_plans_on_the_gang_prior_and_one_node_on_its_own() -> None:
     assert named.model_for(4) is named.model_for(1)
     with pytest.raises(ValueError, match="unknown availability prior 'nope'"):
         DeadlineAware(Params(gang_prior="nope"))
+
+
+def test_deadline_aware_plans_to_the_deadline_less_what_the_net_keeps() -> None:
+    """With an acquisition margin (or a failure reserve) the net keeps, deadline_aware decides
+    as for the same job due that much earlier: its plan never counts on slack the net would
+    not let it spend (planned to the job's own deadline it stayed on spot, then the net threw
+    it on-demand late)."""
+    kept = 2 * HOUR
+    gang = JobSpec(24 * HOUR, 32 * HOUR, 720.0, tick_s=600.0, nodes=4, acquire_s=kept)
+    early = replace(gang, deadline_s=gang.deadline_s - kept, acquire_s=0.0)
+    failures = replace(gang, acquire_s=0.0, failure_reserve_s=kept)
+    policy = get_policy("deadline_aware")
+    differ = 0
+    for now_h in (1.0, 8.0, 16.0, 22.0, 26.0):
+        for slack_h in (0.4, 0.9, 1.5, 2.5, 4.0):
+            done = gang.work_s - (early.deadline_s - now_h * HOUR - slack_h * HOUR)
+            if not 0 <= done < gang.work_s:
+                continue
+            for cap in Capacity:
+                for age_h in (0.1, 3.0):
+                    obs = Observation(
+                        now_h * HOUR, done, cap, True, spot_age_s=age_h * HOUR, spot_seen=True
+                    )
+                    want = policy.decide(early, obs).capacity
+                    assert policy.decide(gang, obs).capacity is want, (now_h, slack_h, cap)
+                    assert policy.decide(failures, obs).capacity is want
+                    full = replace(early, deadline_s=gang.deadline_s)  # no margin at all
+                    differ += policy.decide(full, obs).capacity is not want
+    assert differ > 0  # the margin changes decisions: the check above can fail
