@@ -63,9 +63,12 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     if (
         obs.capacity is Capacity.SPOT
         and choice.capacity is Capacity.SPOT
-        and obs.changeover_left_s < EPS
+        and (obs.changeover_left_s < EPS or obs.overlap)
     ):
-        return choice  # a running spot instance's next interval of progress is certain
+        # a running spot instance's next interval of progress is certain, and so is a
+        # make-before-break return's (on-demand trains on until spot is ready): the net let it
+        # begin, and calling it off a look later for the live rate's drift only paid its launch
+        return choice
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
     if kept > 0.0:  # the slack may be hours: say what it is kept for
         if job.failure_reserve_s > 0.0:

@@ -198,3 +198,18 @@ def test_hints_never_count_past_the_net_with_a_reserve(policy: str, observe: str
             assert fast.ledger is not None and slow.ledger is not None
             assert fast.ledger.segments == slow.ledger.segments, where
             assert slow.met, where
+
+
+def test_the_net_lets_a_return_launching_over_on_demand_go_on() -> None:
+    """A make-before-break return (spot launching while on-demand trains on) makes progress
+    in the next interval as surely as running spot does, so the net does not call it off for
+    a slack a hair short (it did: the live demo paid two spot launches it cancelled a look
+    later, at 2.53 h of slack against 2.55 h needed); a spot launch with nothing under it
+    still goes on-demand there."""
+    job = JobSpec(10 * HOUR, 14 * HOUR, 720.0, tick_s=TICK, failure_reserve_s=HOUR)
+    now = 6 * HOUR
+    done = job.work_s - (job.deadline_s - now - (job.changeover_s + job.failure_reserve_s))
+    spot = Decision(SPOT, "dp_spot")
+    for overlap, want in ((True, SPOT), (False, OD)):
+        obs = Observation(now, done, SPOT, True, changeover_left_s=300.0, overlap=overlap)
+        assert safety_net(job, obs, spot).capacity is want
