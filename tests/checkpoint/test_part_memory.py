@@ -99,3 +99,34 @@ def test_a_file_that_shrinks_as_it_goes_up_is_sent_as_far_as_it_goes(
     digest, size = upload(sink, "b", "k", str(path), SHA256, Parts(Tuning(PART, 2)))
     assert (digest, size) == file_digest(path, SHA256) and size == left
     assert sorted(sink.parts) == [("k", n) for n in range(1, -(-left // PART) + 1)]
+
+
+def test_small_files_go_up_in_one_put_from_the_shared_buffers(tmp_path: Path) -> None:
+    """Files of one part or less go up in one PUT each, from the store's part buffers: a
+    ``bytearray`` (botocore glues a ``bytes`` body to the request's headers, a copy of the
+    whole file) reused from file to file (buffers taken anew for every file scatter over the
+    threads' heaps: an 8 x 8 MiB save peaked at 50 MB of RSS, 26 MB so), never more than the
+    slots at once; each PUT carries its file's bytes."""
+    seen: list[tuple[type, int, str]] = []
+
+    class Puts(_Sink):
+        def put_object(self, Key: str, Body: Any, **kw: Any) -> dict:
+            time.sleep(0.002)
+            with self._lock:
+                seen.append((type(Body), id(Body), hashlib.sha256(Body).hexdigest()))
+                self.parts[(Key, 1)] = seen[-1][2]
+            return {"ETag": Key}
+
+    files = []
+    for i in range(8):
+        path = tmp_path / f"shard{i}.bin"
+        path.write_bytes(os.urandom(PART // 2))
+        files.append(path)
+    sink, parts = Puts(), Parts(Tuning(part=PART, concurrency=2))
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda p: upload(sink, "b", p.name, str(p), SHA256, parts), files))
+    assert {t for t, _, _ in seen} == {bytearray}
+    assert len({i for _, i, _ in seen}) <= 3  # the slots' buffers, reused
+    for path, (digest, size) in zip(files, got, strict=True):
+        assert (digest, size) == file_digest(path, SHA256)
+        assert sink.parts[(path.name, 1)] == hashlib.sha256(path.read_bytes()).hexdigest()
