@@ -30,6 +30,11 @@ without it, and keeps the best worst cell among those within 0.25 points of the 
 over the 18 cells: f=0.4, settle=0 (4.58 % below UP there, every cell at least 3.41 % below;
 fitted in sample it picks the same).
 
+The plan is solved for the job as the shared safety net will let it run: to the deadline
+less what the net keeps (:func:`~airflow_spot.policy.base.kept_s`: a gang's on-demand
+acquisition margin, the live operator's failure reserve), and with returns to spot priced
+as they happen (``job.make_before_break``: on-demand trains on while spot launches).
+
 A gang (``job.nodes > 1``) plans on its own prior, ``gang``: a gang runs only while all its
 nodes can, and those runs are shorter than one node's (fitted on the polarized AWS p3 4-node
 traces; ``benchmarks/gang_grid.py`` replays each zone with a prior fitted without it).
