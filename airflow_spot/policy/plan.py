@@ -320,14 +320,10 @@ def _solve(
         flip = np.stack([vc[1][flip_to[0]], vc[0][flip_to[1]]])
         return h[:, :, None] * flip + (1 - h[:, :, None]) * older(vc)
 
-    def expect_spot(vs: np.ndarray, v_idle: np.ndarray) -> np.ndarray:
-        """From spot up in bucket b: reclaimed (idle, down, age 0) or on (spot, up)."""
-        return h[1][:, None] * v_idle[0][flip_to[1]] + (1 - h[1][:, None]) * older(vs)[1]
-
-    def expect_return(vn: np.ndarray, v_od: np.ndarray) -> np.ndarray:
-        """From a return launching over on-demand with spot up in bucket b: spot reclaimed
-        (on-demand trains on, nothing lost: on-demand, down, age 0) or on (``vn``, up)."""
-        return h[1][:, None] * v_od[0][flip_to[1]] + (1 - h[1][:, None]) * older(vn)[1]
+    def expect_spot(vs: np.ndarray, v_gone: np.ndarray) -> np.ndarray:
+        """From spot up in bucket b: reclaimed (``v_gone``, down, age 0: idle, or on-demand
+        under a make-before-break return, which trains on) or on (``vs``, up)."""
+        return h[1][:, None] * v_gone[0][flip_to[1]] + (1 - h[1][:, None]) * older(vs)[1]
 
     def shift(w: np.ndarray, loss: int) -> np.ndarray:
         out = np.full_like(w, pen)
@@ -345,7 +341,7 @@ def _solve(
         spot_launch = spot_tick + shift(w_spot[launch_to], launch_loss)[None]
         wait = shift(w_idle, g)
         if overlap:  # w_ret[k]: a return launching with rro[k] left after this interval
-            w_ret = [expect_return(v[1] if k == 0 else v[2 * nr + k], v[1 + nr]) for k in range(nr)]
+            w_ret = [expect_spot(v[1] if k == 0 else v[2 * nr + k], v[1 + nr]) for k in range(nr)]
             back = (spot_tick + od_tick * launch_loss / g + w_ret[launch_to])[None]
             cancel = od_tick + w_od[0]  # the return called off: on-demand trains on
         new = np.empty_like(v)
