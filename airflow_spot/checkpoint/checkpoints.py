@@ -7,8 +7,8 @@ and skips torn or corrupt checkpoints with a warning; it never returns one.
 A file may be given as bytes or as a local path; a path is copied or uploaded in chunks and
 hashed on the way, in one pass (multi-GB model files never sit in memory, and are read once),
 and a resume hashes what it downloads as it writes it. The files of a checkpoint are written
-(and read back) several at a time. New manifests hash with BLAKE3 where it is installed
-(:mod:`.hashing`); sha256 manifests read as before. The manifest also records each file's tag as the
+(and read back) several at a time. New manifests hash with XXH3-128 (or BLAKE3) where it is
+installed (:mod:`.hashing`); BLAKE3 and sha256 manifests read as before. The manifest also records each file's tag as the
 store wrote it (S3's ETag; inode and mtime on disk). ``hash_up_to`` lets a watcher that only
 needs to know a checkpoint is whole (the operator, the sensor) check a bigger file by its size
 and tag, which a HEAD gives, and hash it only if the tag differs (the files were copied, or
@@ -129,8 +129,8 @@ class Checkpoints:
         return manifest
 
     def _save_algorithm(self) -> str:
-        """BLAKE3 or sha256 (:func:`.hashing.save_algorithm`) where the store hashes on the
-        way; sha256 for any other store (its ``digest`` knows nothing else)."""
+        """The first hash installed (:func:`.hashing.save_algorithm`) where the store hashes on
+        the way; sha256 for any other store (its ``digest`` knows nothing else)."""
         return save_algorithm() if hasattr(self.store, "put_file_hashed") else SHA256
 
     def _put(self, base: str, name: str, data: Any, algo: str) -> tuple[FileEntry, str]:

@@ -1,5 +1,5 @@
-"""A checkpoint's manifest: the files it names, each with its digest (BLAKE3 or sha256: the
-entry names which), size and store tag.
+"""A checkpoint's manifest: the files it names, each with its digest (XXH3-128, BLAKE3 or
+sha256: the entry names which), size and store tag.
 
 It is written after the data, so a checkpoint exists only once its manifest does;
 :class:`~airflow_spot.checkpoint.checkpoints.Checkpoints` saves, finds and verifies them."""
