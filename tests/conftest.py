@@ -13,6 +13,14 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / 
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 
 
+def pytest_sessionfinish(session: object, exitstatus: object) -> None:
+    """This session's Airflow home goes with it (every deployment and backend started under it
+    is stopped by its fixture before this runs): a run leaves no folder behind in the temp dir."""
+    import shutil
+
+    shutil.rmtree(_HOME, ignore_errors=True)
+
+
 def _plan_cache() -> Path:
     """The folder the tests' plans are kept in between runs (a cache outside the repository,
     as the Kubernetes binaries are): named by the solver's and the model's source, so that a
