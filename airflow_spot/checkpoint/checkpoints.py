@@ -8,10 +8,10 @@ A file may be given as bytes or as a local path; a path is copied or uploaded in
 hashed on the way, in one pass (multi-GB model files never sit in memory, and are read once),
 and a resume hashes what it downloads as it writes it. The files of a checkpoint are written
 (and read back) several at a time. New manifests hash with XXH3-128 (or BLAKE3) where it is
-installed (:mod:`.hashing`); BLAKE3 and sha256 manifests read as before. The manifest also records each file's tag as the
-store wrote it (S3's ETag; inode and mtime on disk). ``hash_up_to`` lets a watcher that only
-needs to know a checkpoint is whole (the operator, the sensor) check a bigger file by its size
-and tag, which a HEAD gives, and hash it only if the tag differs (the files were copied, or
+installed (:mod:`.hashing`); BLAKE3 and sha256 manifests read as before. The manifest also
+records each file's tag as the store wrote it (S3's ETag; inode and mtime on disk).
+``hash_up_to`` lets a watcher that only needs to know a checkpoint is whole (the operator, the
+sensor) check a bigger file by its size and tag, which a HEAD gives, and hash it only if the tag differs (the files were copied, or
 written again); the training process, which loads the files, hashes them all.
 """
 

@@ -23,6 +23,7 @@ No Airflow import; ``xxhash`` and ``blake3`` are imported on first use.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from typing import Any, Protocol
 
@@ -43,20 +44,19 @@ class Hasher(Protocol):
     def hexdigest(self) -> str: ...
 
 
-def _blake3_module() -> Any | None:
+def _imported(package: str) -> Any | None:
     try:
-        import blake3
+        return importlib.import_module(package)
     except ImportError:
         return None
-    return blake3
+
+
+def _blake3_module() -> Any | None:
+    return _imported("blake3")
 
 
 def _xxhash_module() -> Any | None:
-    try:
-        import xxhash
-    except ImportError:
-        return None
-    return xxhash
+    return _imported("xxhash")
 
 
 def _module(algo: str) -> Any | None:

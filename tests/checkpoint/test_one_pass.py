@@ -1,7 +1,7 @@
 """One-pass checkpoints (issue 38): a save hashes a file as it copies it and a resume as it
 downloads it (no second read), several files go at once, new manifests hash with XXH3-128
-and old BLAKE3 and sha256 ones read as before; and the integrity guarantees hold on these new paths: a
-SIGKILL mid-save, a torn or corrupt checkpoint, a file changed meanwhile."""
+and old BLAKE3 and sha256 ones read as before; and the integrity guarantees hold on these new
+paths: a SIGKILL mid-save, a torn or corrupt checkpoint, a file changed meanwhile."""
 
 from __future__ import annotations
 

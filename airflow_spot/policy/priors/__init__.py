@@ -18,8 +18,9 @@ def path(name: str) -> Path:
     p = DIR / f"{name}.json"
     if not p.is_file():
         names = sorted(q.stem for q in DIR.glob("*.json") if not q.stem.startswith(HELD_OUT))
-        held = " (and gang-without-<zone>, the gang benchmark's held-out fits)"
-        held = held if any(DIR.glob(f"{HELD_OUT}*.json")) else ""
+        held = ""
+        if any(DIR.glob(f"{HELD_OUT}*.json")):
+            held = f" (and {HELD_OUT}<zone>, the gang benchmark's held-out fits)"
         raise ValueError(
             f"unknown availability prior {name!r}; choose one of {', '.join(names)}{held}"
         )
