@@ -11,8 +11,9 @@ and a resume hashes what it downloads as it writes it. The files of a checkpoint
 installed (:mod:`.hashing`); BLAKE3 and sha256 manifests read as before. The manifest also
 records each file's tag as the store wrote it (S3's ETag; inode and mtime on disk).
 ``hash_up_to`` lets a watcher that only needs to know a checkpoint is whole (the operator, the
-sensor) check a bigger file by its size and tag, which a HEAD gives, and hash it only if the tag differs (the files were copied, or
-written again); the training process, which loads the files, hashes them all.
+sensor) check a bigger file by its size and tag, which a HEAD gives, and hash it only if the
+tag differs (the files were copied, or written again); the training process, which loads the
+files, hashes them all.
 """
 
 from __future__ import annotations
