@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,8 +17,6 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 def pytest_sessionfinish(session: object, exitstatus: object) -> None:
     """This session's Airflow home goes with it (every deployment and backend started under it
     is stopped by its fixture before this runs): a run leaves no folder behind in the temp dir."""
-    import shutil
-
     shutil.rmtree(_HOME, ignore_errors=True)
 
 
