@@ -21,47 +21,33 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from airflow_spot.checkpoint import resume
 from airflow_spot.checkpoint.base import Store, file_digest, safe_key
 from airflow_spot.checkpoint.hashing import SHA256, available, digest_bytes, save_algorithm
 from airflow_spot.checkpoint.manifest import (
     MANIFEST,
     OWNER,
-    RESUME_STAGE,
     WATCH_HASH_UP_TO,
     FileEntry,
     Manifest,
     checkpoint_name,
 )
+from airflow_spot.checkpoint.resume import each_at_once
 from airflow_spot.checkpoint.writable import writing
-from airflow_spot.exceptions import CheckpointError, ConfigError
+from airflow_spot.exceptions import CheckpointError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-FILES_AT_ONCE = 4  # files of a checkpoint written (or read back) at the same time
 
 
-def _each_at_once(names: Iterable[str], work: Callable[[str], T]) -> dict[str, T]:
-    """``work`` on every name, ``FILES_AT_ONCE`` at a time: the answers by name, or the
-    first name's error (in the given order) once all have stopped (none is left writing)."""
-    names = list(names)
-    if len(names) == 1:
-        return {names[0]: work(names[0])}
-    with ThreadPoolExecutor(min(len(names), FILES_AT_ONCE), "checkpoint-file") as pool:
-        futures = {name: pool.submit(work, name) for name in names}
-        for f in futures.values():
-            if f.exception() is not None:
-                for other in futures.values():
-                    other.cancel()
-                break
-    return {name: f.result() for name, f in futures.items()}
+def _with_manifest(listed: Mapping[str, set[str]]) -> list[str]:
+    """The listed checkpoints that have a manifest, newest (highest step) first."""
+    return sorted((name for name, files in listed.items() if MANIFEST in files), reverse=True)
 
 
 class Checkpoints:
@@ -110,7 +96,7 @@ class Checkpoints:
                 )
         base = checkpoint_name(step)
         algo = self._save_algorithm()
-        written = _each_at_once(files, lambda name: self._put(base, name, files[name], algo))
+        written = each_at_once(files, lambda name: self._put(base, name, files[name], algo))
         entries = {name: entry for name, (entry, _) in written.items()}
         tags = {name: tag for name, (_, tag) in written.items()}
         manifest = Manifest(
@@ -180,8 +166,16 @@ class Checkpoints:
 
     def manifests(self) -> list[str]:
         """Checkpoint names that have a manifest, newest (highest step) first."""
-        names = {k.split("/")[0] for k in self.store.list("ckpt-") if k.endswith("/" + MANIFEST)}
-        return sorted(names, reverse=True)
+        return _with_manifest(self.listed())
+
+    def listed(self) -> dict[str, set[str]]:
+        """Each checkpoint's files as the store lists them now (its manifest among them)."""
+        out: dict[str, set[str]] = {}
+        for key in self.store.list("ckpt-"):
+            name, _, fname = key.partition("/")
+            if fname:
+                out.setdefault(name, set()).add(fname)
+        return out
 
     def read_manifest(self, name: str) -> Manifest:
         try:
@@ -269,42 +263,7 @@ class Checkpoints:
         each checked against the manifest; their local paths by name. The files are
         downloaded and checked in a staging folder first, then moved into place: a checkpoint
         that does not load leaves ``directory`` as it was."""
-        root = Path(directory)
-        for stale in root.glob(RESUME_STAGE + "*"):  # left by a resume killed mid-download
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            stage = Path(tempfile.mkdtemp(prefix=RESUME_STAGE, dir=root))
-        except OSError as e:  # not "this checkpoint is bad": no older one would load either
-            raise ConfigError(
-                "resume_to",
-                f"cannot write into {root} ({e}); give a folder the training process can write",
-            ) from e
-        try:
-            _each_at_once(manifest.files, lambda fname: self._get_to(manifest, fname, stage))
-            out = {}
-            for fname in manifest.files:
-                out[fname] = root / fname
-                out[fname].parent.mkdir(parents=True, exist_ok=True)
-                os.replace(stage / fname, out[fname])
-            return out
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-
-    def _get_to(self, manifest: Manifest, fname: str, stage: Path) -> None:
-        """Download one file into ``stage``, hashing it on the way, and check it."""
-        key, path, entry = (
-            f"{manifest.name}/{fname}",
-            stage / safe_key(fname),
-            manifest.files[fname],
-        )
-        if hasattr(self.store, "get_file_hashed"):
-            got = self.store.get_file_hashed(key, path, entry.algo)
-        else:
-            self.store.get_file(key, path)
-            got = file_digest(path, entry.algo)
-        if got != (entry.digest, entry.size):
-            raise CheckpointError(f"{key}: size or {entry.algo} differs from the manifest")
+        return resume.load_to(self.store, manifest, directory)
 
     def load_latest(self) -> tuple[Manifest, dict[str, bytes]] | None:
         """The newest checkpoint whose files load whole, with its files (read once)."""
@@ -313,8 +272,21 @@ class Checkpoints:
     def load_latest_to(
         self, directory: str | os.PathLike[str]
     ) -> tuple[Manifest, dict[str, Path]] | None:
-        """The newest checkpoint whose files download whole into ``directory``, with their paths."""
-        return self._first_loadable(lambda m: self.load_to(m, directory))
+        """The newest checkpoint whose files download whole into ``directory``, with their
+        paths: the files the listing shows are downloaded while the manifest is read
+        (:func:`.resume.load_listed_to`)."""
+        listed, algo = self.listed(), self._save_algorithm()
+        for name in _with_manifest(listed):
+            try:
+                found = resume.load_listed_to(
+                    self.store, name, listed[name] - {MANIFEST}, self.read_manifest, algo, directory
+                )
+            except CheckpointError as e:
+                log.warning("Skipping checkpoint %s: %s; trying the one before it.", name, e)
+                continue
+            self._verified.add(name)
+            return found
+        return None
 
     def _first_loadable(self, fetch: Callable[[Manifest], T]) -> tuple[Manifest, T] | None:
         for name in self.manifests():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_spot.checkpoint import Checkpoints, LocalStore, checkpoints, hashing
+from airflow_spot.checkpoint import Checkpoints, LocalStore, checkpoints, hashing, resume
 from airflow_spot.checkpoint.hashing import BLAKE3, HASH_ENV, SHA256, XXH3, file_digest
 from airflow_spot.checkpoint.training import CONFIG_EXIT, TrainingSession
 from airflow_spot.exceptions import ConfigError
@@ -37,6 +37,7 @@ def test_a_save_and_a_resume_read_each_file_once(tmp_path: Path, monkeypatch) ->
         raise AssertionError("a file was read a second time to hash it")
 
     monkeypatch.setattr(checkpoints, "file_digest", second_pass)
+    monkeypatch.setattr(resume, "file_digest", second_pass)
     session = TrainingSession(str(tmp_path / "c"), total_steps=10, save_every=5)
     saved = session.step_done(5, lambda: dict(files))
     assert {e.algo for e in saved.files.values()} == {XXH3}
