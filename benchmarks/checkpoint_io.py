@@ -44,8 +44,9 @@ before the script ends, whatever happens.
 
 Each case runs ``--rounds`` times locally, ``--s3-rounds`` times on gofakes3 and
 ``--moto-rounds`` times on moto (which uploads at 40-110 MB/s), ours and the references side
-by side in each round, their order reversed every other round (on this shared VM what runs
-first after a cold drop or a big delete pays differently). The table gives the median time
+by side in each round, their order rotated from round to round so that each case runs in
+each place equally often (on this shared VM what runs first after a cold drop or a big
+delete pays differently, and so does one place in a round's rhythm: see ``rotated``). The table gives the median time
 of each, the highest peak, the median of the per-round ratios with their spread, and the
 fastest round of ours over the reference's fastest (on this VM a write into fresh page cache
 takes 0.5 s a GiB in one run and 3-4 s in the next, whichever side runs it, so a few slow
@@ -71,7 +72,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CASE = textwrap.dedent("""
     import gc, json, os, resource, shutil, sys, time
@@ -292,10 +295,22 @@ def summary(
     )
 
 
+def rotated(cases: list[T], r: int) -> list[T]:
+    """Round ``r``'s order: ``cases`` rotated by ``r``, so that over any ``len(cases)`` rounds
+    each case runs once in each place. On this VM one place in a round's rhythm is slow (a
+    GiB written there takes 2-3 s where it takes 0.2-0.5 s elsewhere, the memory freed by the
+    case before given back to the host meanwhile); reversing the order every other round, as
+    this did before, kept the middle case of three out of the first and last places, so a
+    reference there never paid it and ours paid it every other round (1 GiB, one file: 3.11x
+    and 3.33x medians, 0.96x and 1.03x fastest / fastest)."""
+    k = r % len(cases)
+    return cases[k:] + cases[:k]
+
+
 def side_by_side(cases: list[str], r: int, run: Any) -> dict[str, dict]:
-    """One round: ``run(case)`` for each case, in the given order in even rounds and the
-    reverse in odd ones (what runs first pays for the state the round before left)."""
-    return {case: run(case) for case in (cases if r % 2 == 0 else cases[::-1])}
+    """One round: ``run(case)`` for each case, in :func:`rotated` order (what runs first
+    pays for the state the round before left)."""
+    return {case: run(case) for case in rotated(cases, r)}
 
 
 def local_rows(tmp: Path, srcs: list[Path], mb: int, rounds: int, env: dict) -> list[Row]:
@@ -437,7 +452,7 @@ def s3_round(tmp: Path, srcs: list[Path], env: dict, client: Any, r: int) -> dic
     the server: its file is cached and it is idle), so an untimed download goes first."""
     got: dict[str, dict] = {}
     saves = [("save-ours", "ours-save"), ("save-upload_file", "plain-save")]
-    for case, where in saves if r % 2 == 0 else saves[::-1]:
+    for case, where in rotated(saves, r):
         os.sync()
         got[case] = run_case(case, f"s3://bench/{where}", srcs, tmp / "x", env)
         drop(client, f"{where}/")
@@ -445,7 +460,7 @@ def s3_round(tmp: Path, srcs: list[Path], env: dict, client: Any, r: int) -> dic
     resumes.append(("resume-download_file", "plain"))
     os.sync()  # untimed: the first download after the uploads pays more, whichever it is
     run_case("resume-get_object", "s3://bench/plain", srcs, tmp / "in", env)
-    for case, where in resumes if r % 2 == 0 else resumes[::-1]:
+    for case, where in rotated(resumes, r):
         os.sync()
         got[case] = run_case(case, f"s3://bench/{where}", srcs, tmp / "in", env)
     return got

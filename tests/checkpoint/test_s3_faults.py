@@ -126,6 +126,27 @@ def test_a_trainer_saves_and_resumes_through_s3_faults(via_proxy: FaultProxy, mo
     assert via_proxy.hits[mode] == 4
 
 
+def test_a_resume_to_a_folder_rides_out_cut_bodies(
+    via_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """A resume into a folder (its bodies read from the connection into one buffer, its
+    files downloading while the manifest is read) meets answers cut mid-body: each is
+    retried, and every file arrives whole."""
+    from airflow_spot.checkpoint import s3parts
+
+    direct: list[int] = []
+    real = s3parts._stream_direct
+    monkeypatch.setattr(s3parts, "_stream_direct", lambda *a: direct.append(1) or real(*a))
+    uri = "s3://spot-faults/train-cut-bodies"
+    files = {f"shard{i}.bin": bytes([i]) * (200_000 + i) for i in range(3)}
+    TrainingSession(uri, total_steps=10, save_every=5).step_done(5, lambda: dict(files))
+    for cuts in (1, 2, 3):
+        via_proxy.set(Mode.DROP_RESPONSE, count=cuts)
+        step, got = TrainingSession(uri, total_steps=10).resume_to(tmp_path / f"in{cuts}")
+        assert step == 5 and {n: p.read_bytes() for n, p in got.items()} == files
+    assert via_proxy.hits[Mode.DROP_RESPONSE] == 6 and direct
+
+
 def test_the_retries_stop_at_their_budget_and_never_retry_a_missing_key(
     via_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
