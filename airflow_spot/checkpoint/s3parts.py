@@ -376,7 +376,7 @@ def _stream_direct(body: Any, raw: Any, fd: int, h: Any) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def _pwrite(fd: int, data: bytes, offset: int) -> None:
+def _pwrite(fd: int, data: bytes | memoryview, offset: int) -> None:
     """All of ``data`` at ``offset`` (a write may take only part of it)."""
     view = memoryview(data)
     while view:
