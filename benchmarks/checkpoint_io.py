@@ -44,9 +44,10 @@ before the script ends, whatever happens.
 
 Each case runs ``--rounds`` times locally, ``--s3-rounds`` times on gofakes3 and
 ``--moto-rounds`` times on moto (which uploads at 40-110 MB/s), ours and the references side
-by side in each round, their order rotated from round to round so that each case runs in
-each place equally often (on this shared VM what runs first after a cold drop or a big
-delete pays differently, and so does one place in a round's rhythm: see ``rotated``). The table gives the median time
+by side in each round, in every order in turn, so that each case runs in each place and
+after each other case equally often (on this shared VM what runs first after a cold drop or
+a big delete pays differently, and so does one place in a round's rhythm and the case right
+after ``download_file``: see ``rotated``; give a multiple of 6 rounds for S3). The table gives the median time
 of each, the highest peak, the median of the per-round ratios with their spread, and the
 fastest round of ours over the reference's fastest (on this VM a write into fresh page cache
 takes 0.5 s a GiB in one run and 3-4 s in the next, whichever side runs it, so a few slow
@@ -59,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -296,15 +298,18 @@ def summary(
 
 
 def rotated(cases: list[T], r: int) -> list[T]:
-    """Round ``r``'s order: ``cases`` rotated by ``r``, so that over any ``len(cases)`` rounds
-    each case runs once in each place. On this VM one place in a round's rhythm is slow (a
-    GiB written there takes 2-3 s where it takes 0.2-0.5 s elsewhere, the memory freed by the
-    case before given back to the host meanwhile); reversing the order every other round, as
-    this did before, kept the middle case of three out of the first and last places, so a
-    reference there never paid it and ours paid it every other round (1 GiB, one file: 3.11x
-    and 3.33x medians, 0.96x and 1.03x fastest / fastest)."""
-    k = r % len(cases)
-    return cases[k:] + cases[:k]
+    """Round ``r``'s order: the ``r``-th of every order of ``cases`` (all of them in turn),
+    so that over ``len(cases)!`` rounds each case runs in each place, and after each other
+    case, equally often. On this VM one place in a round's rhythm is slow, and so is the case
+    right after ``download_file`` (a GiB written there takes 1.5-3 s where it takes 0.2-0.5 s
+    elsewhere). Reversing the order every other round, as this did first, kept the middle
+    case of three out of the first and last places, so the plain GET never paid the slow place
+    and ours did every other round (1 GiB, one file: 3.11x and 3.33x medians, 0.96x and
+    1.03x fastest / fastest); rotating it, as it did next, kept each case's predecessor, so
+    ours always came right after ``download_file`` but when it ran first (1 GiB in 8 files:
+    1.26x and 2.97x; 1.23x and 2.61x fastest / fastest)."""
+    orders = list(itertools.permutations(cases))
+    return list(orders[r % len(orders)])
 
 
 def side_by_side(cases: list[str], r: int, run: Any) -> dict[str, dict]:
