@@ -47,8 +47,8 @@ Each case runs ``--rounds`` times locally, ``--s3-rounds`` times on gofakes3 and
 by side in each round, in every order in turn, so that each case runs in each place and
 after each other case equally often (on this shared VM what runs first after a cold drop or
 a big delete pays differently, and so does one place in a round's rhythm and the case right
-after ``download_file``: see ``rotated``; give a multiple of 6 rounds for S3). The table gives the median time
-of each, the highest peak, the median of the per-round ratios with their spread, and the
+after ``download_file``: see ``round_order``; give a multiple of 6 rounds for S3). The
+table gives the median time of each, the highest peak, the median of the per-round ratios with their spread, and the
 fastest round of ours over the reference's fastest (on this VM a write into fresh page cache
 takes 0.5 s a GiB in one run and 3-4 s in the next, whichever side runs it, so a few slow
 rounds can carry a median; the fastest rounds show what each side costs). Then the
@@ -297,7 +297,7 @@ def summary(
     )
 
 
-def rotated(cases: list[T], r: int) -> list[T]:
+def round_order(cases: list[T], r: int) -> list[T]:
     """Round ``r``'s order: the ``r``-th of every order of ``cases`` (all of them in turn),
     so that over ``len(cases)!`` rounds each case runs in each place, and after each other
     case, equally often. On this VM one place in a round's rhythm is slow, and so is the case
@@ -313,9 +313,9 @@ def rotated(cases: list[T], r: int) -> list[T]:
 
 
 def side_by_side(cases: list[str], r: int, run: Any) -> dict[str, dict]:
-    """One round: ``run(case)`` for each case, in :func:`rotated` order (what runs first
+    """One round: ``run(case)`` for each case, in :func:`round_order` (what runs first
     pays for the state the round before left)."""
-    return {case: run(case) for case in rotated(cases, r)}
+    return {case: run(case) for case in round_order(cases, r)}
 
 
 def local_rows(tmp: Path, srcs: list[Path], mb: int, rounds: int, env: dict) -> list[Row]:
@@ -457,7 +457,7 @@ def s3_round(tmp: Path, srcs: list[Path], env: dict, client: Any, r: int) -> dic
     the server: its file is cached and it is idle), so an untimed download goes first."""
     got: dict[str, dict] = {}
     saves = [("save-ours", "ours-save"), ("save-upload_file", "plain-save")]
-    for case, where in rotated(saves, r):
+    for case, where in round_order(saves, r):
         os.sync()
         got[case] = run_case(case, f"s3://bench/{where}", srcs, tmp / "x", env)
         drop(client, f"{where}/")
@@ -465,7 +465,7 @@ def s3_round(tmp: Path, srcs: list[Path], env: dict, client: Any, r: int) -> dic
     resumes.append(("resume-download_file", "plain"))
     os.sync()  # untimed: the first download after the uploads pays more, whichever it is
     run_case("resume-get_object", "s3://bench/plain", srcs, tmp / "in", env)
-    for case, where in rotated(resumes, r):
+    for case, where in round_order(resumes, r):
         os.sync()
         got[case] = run_case(case, f"s3://bench/{where}", srcs, tmp / "in", env)
     return got

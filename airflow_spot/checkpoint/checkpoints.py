@@ -37,7 +37,6 @@ from airflow_spot.checkpoint.manifest import (
     Manifest,
     checkpoint_name,
 )
-from airflow_spot.checkpoint.resume import each_at_once
 from airflow_spot.checkpoint.writable import writing
 from airflow_spot.exceptions import CheckpointError
 
@@ -96,7 +95,7 @@ class Checkpoints:
                 )
         base = checkpoint_name(step)
         algo = self._save_algorithm()
-        written = each_at_once(files, lambda name: self._put(base, name, files[name], algo))
+        written = resume.each_at_once(files, lambda name: self._put(base, name, files[name], algo))
         entries = {name: entry for name, (entry, _) in written.items()}
         tags = {name: tag for name, (_, tag) in written.items()}
         manifest = Manifest(
