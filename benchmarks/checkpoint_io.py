@@ -1,9 +1,9 @@
 """Checkpoint save and resume against plain copies of the same bytes, local and S3 (issue 38).
 
     python benchmarks/checkpoint_io.py [--sizes 256,1024,4096] [--files 1,8] [--rounds 3]
-                                       [--s3-server both|gofakes3|moto] [--s3-rounds 3]
+                                       [--s3-server both|gofakes3|moto] [--s3-rounds 6]
                                        [--moto-rounds 1]
-                                       [--no-s3] [--no-local] [--dir /tmp]
+                                       [--no-s3] [--no-local] [--dir /tmp] [--keep-page-reporting]
 
 For each total size (MiB, split evenly over 1 or 8 random files given to ``step_done`` as
 paths) it times, side by side in one run, each case in a fresh interpreter that prints its
@@ -45,15 +45,18 @@ before the script ends, whatever happens.
 Each case runs ``--rounds`` times locally, ``--s3-rounds`` times on gofakes3 and
 ``--moto-rounds`` times on moto (which uploads at 40-110 MB/s), ours and the references side
 by side in each round, in every order in turn, so that each case runs in each place and
-after each other case equally often (on this shared VM what runs first after a cold drop or
-a big delete pays differently, and so does one place in a round's rhythm and the case right
-after ``download_file``: see ``round_order``; give a multiple of 6 rounds for S3). The
-table gives the median time of each, the highest peak, the median of the per-round ratios with their spread, and the
-fastest round of ours over the reference's fastest (on this VM a write into fresh page cache
-takes 0.5 s a GiB in one run and 3-4 s in the next, whichever side runs it, so a few slow
-rounds can carry a median; the fastest rounds show what each side costs). Then the
-notice-window table: at the measured throughput of the biggest size, the largest checkpoint
-that saves within a 30 s (GCP) and a 120 s (AWS) preemption notice.
+after each other case equally often (see ``round_order``; give a multiple of 6 rounds for
+S3). The table gives the median time of each, the highest peak, the median of the per-round
+ratios with their spread, and the fastest round of ours over the reference's fastest. Then
+the notice-window table: at the measured throughput of the biggest size, the largest
+checkpoint that saves within a 30 s (GCP) and a 120 s (AWS) preemption notice.
+
+In a VM that hands freed memory back to its host (free-page reporting), a write into fresh
+page cache pays for faulting it back in, and which case pays depends on what ran before it,
+not on its code: a GiB took 0.5 s in one case and 2-4 s in the next. Where it may (root), the
+script pauses the reporting while it runs and puts it back after (``reporting_paused``;
+``--keep-page-reporting`` leaves it on); its first lines say which. With it paused the 1 GiB
+S3 resume's per-round ratios spread 0.96-2.09x (one file) where they spread 0.26-4.72x.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -248,6 +252,46 @@ def cold(paths: list[Path]) -> str:
     except OSError:
         evict(paths)
         return "evicted (POSIX_FADV_DONTNEED; not root)"
+
+
+REPORTING = Path("/sys/module/page_reporting/parameters")
+PAUSED = 11  # above the buddy allocator's largest block (order 10, 4 MiB): none is reported
+
+
+@contextlib.contextmanager
+def reporting_paused(keep: bool) -> Iterator[str]:
+    """Free-page reporting paused while the cases run, where this may (root, a guest kernel
+    with ``page_reporting``), and put back on the way out: what was done, to print.
+
+    In a VM whose balloon reports free pages (this one: Firecracker, ``virtio_balloon``),
+    memory freed in the guest is handed back to the host, and the next write into fresh page
+    cache faults it back in, page by page, from the host. Which case pays that is decided by
+    what ran just before it and when, not by its code: a GiB written here takes 0.22-0.28 s
+    with reporting paused and 0.23-0.73 s with it on, by turns (6 writes each, a GiB deleted
+    between them). Paused, both sides write into memory the guest already holds."""
+    order, reported = REPORTING / "page_reporting_order", REPORTING / "reported_kib"
+    if keep:
+        yield "free-page reporting left as it is (--keep-page-reporting)"
+        return
+    try:
+        before = order.read_text().strip()
+        order.write_text(str(PAUSED))
+        kib = int(reported.read_text())
+    except (OSError, ValueError):
+        yield "free-page reporting left as it is (not root, or no page_reporting here)"
+        return
+    stop = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # put back when killed too
+    try:
+        yield f"free-page reporting paused (page_reporting_order {before} -> {PAUSED})"
+    finally:
+        signal.signal(signal.SIGTERM, stop)
+        order.write_text(before)
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"free-page reporting put back (order {before}); reported while paused: "
+                f"{(int(reported.read_text()) - kib) / 1024:.0f} MiB",
+                flush=True,
+            )
 
 
 def make_files(where: Path, total_mb: int, files: int) -> list[Path]:
@@ -561,12 +605,22 @@ def main() -> None:
     ap.add_argument("--sizes", default="256,1024,4096", help="total MiB per checkpoint")
     ap.add_argument("--files", default="1,8", help="files per checkpoint")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each local case (median)")
-    ap.add_argument("--s3-rounds", type=int, default=3, help="runs of each gofakes3 case (median)")
+    ap.add_argument(
+        "--s3-rounds",
+        type=int,
+        default=6,
+        help="runs of each gofakes3 case (median; 6: every order)",
+    )
     ap.add_argument("--moto-rounds", type=int, default=1, help="runs of each moto case (median)")
     ap.add_argument("--s3-server", choices=("both", "gofakes3", "moto"), default="both")
     ap.add_argument("--no-s3", action="store_true", help="local only")
     ap.add_argument("--no-local", action="store_true", help="S3 only")
     ap.add_argument("--dir", default=None, help="where the files go (default: the temp dir)")
+    ap.add_argument(
+        "--keep-page-reporting",
+        action="store_true",
+        help="leave the VM's free-page reporting on (see reporting_paused)",
+    )
     args, _ = ap.parse_known_args()  # make bench passes its own arguments to every script
     sizes = [int(x) for x in args.sizes.split(",")]
     counts = [int(x) for x in args.files.split(",")]
@@ -584,7 +638,11 @@ def main() -> None:
         f"HTTP on 127.0.0.1: {', '.join(SERVER_NAMES[s] for s in servers) or 'none'}",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+    with (
+        reporting_paused(args.keep_page_reporting) as paused,
+        tempfile.TemporaryDirectory(dir=args.dir) as d,
+    ):
+        print(paused, flush=True)
         tmp = Path(d)
         for mb in sizes:
             for n in counts:
