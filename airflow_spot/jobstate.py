@@ -133,6 +133,7 @@ class JobState:
     spot_last_up_s: float | None = None  # market seconds of the last spot run seen whole
     spot_last_down_s: float | None = None  # market seconds of the last outage seen whole
     last_seen: float | None = None  # wall time of the last look
+    looks_late: list[float] = field(default_factory=list)  # wall s the last turns began late
     # what was seen of spot (observe="cluster": spot is seen only through the job's own spot
     # attempt, its request, its probes and what the cluster shows; older states: "oracle")
     observe: str = "oracle"
@@ -142,8 +143,7 @@ class JobState:
     probes: int = 0  # probes asked
     probe_found: list[list[float]] = field(default_factory=list)  # [wall, market s, $/h] unused
     acquired_s: float = 0.0  # the longest a gang's on-demand nodes took to come (wall seconds)
-    incoming: int | None = None  # index into attempts of a spot attempt launching while
-    # on-demand trains (a make-before-break return)
+    incoming: int | None = None  # index of a spot attempt launching while on-demand trains
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_dropped: int = 0  # older decisions not kept (the log keeps the last MAX_DECISIONS)
     finished: dict[str, Any] | None = None

@@ -33,6 +33,7 @@ from airflow_spot.triggers.events import EventKind, SpotEvent
 log = logging.getLogger(__name__)
 MAX_INFRA_DISRUPTIONS = 20
 GUARD_SHARE = 0.02  # of the work left, kept back from the deadline for throughput noise
+LOOKS_KEPT = 20  # the turns whose lateness the guard keeps (the largest of them)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Turn:
         st = self.state
         if event is not None and event.kind is EventKind.ERROR:
             log.warning("The watcher reported an error (%s); looking again.", event.message)
+        self._woke(now, event)
         live = st.live
         if event is not None and event.handle and live and event.handle.same_attempt(live.handle):
             live.handle = event.handle  # what the watcher recorded (node, capacity, notices)
@@ -120,6 +122,13 @@ class Turn:
         if st.coming is not None:  # a return to spot: hand over as soon as it is ready
             return StepResult(False, wake_at=now + self.args.poll_interval)
         return StepResult(False, wake_at=now + self.args.decision_interval.total_seconds())
+
+    def _woke(self, now: float, event: SpotEvent | None) -> None:
+        """Keep how long after the watcher's event this turn began (a scheduler and executor
+        between a trigger and its task take seconds, a busy one minutes): the guard's look."""
+        if event is not None:
+            late = round(max(0.0, now - event.at), 3)
+            self.state.looks_late = [*self.state.looks_late[1 - LOOKS_KEPT :], late]
 
     def _look(self, now: float) -> tuple[Any, SpotView]:
         """Read the attempts and what shows spot; returns the attempt that ended (if any) and
@@ -360,16 +369,15 @@ class Turn:
         """Market seconds the policy keeps back from the deadline for what the plan takes as
         certain but a live run is not: the latest attempt running slower than the mean rate,
         GUARD_SHARE of the work left (throughput noise), and two looks (a finish or a verdict
-        is seen up to a look late). Never more than the whole job's slack (the policy then
-        plans with none, and the feasibility check uses the true deadline)."""
+        is seen up to a look late: a poll, and the most the last LOOKS_KEPT turns began after
+        the watcher's event, which a busy scheduler or executor stretches). Never more than the
+        whole job's slack (the policy then plans with none, and the feasibility check uses the
+        true deadline)."""
         st = self.state
         latest = st.latest_seconds_per_step(MIN_STEPS_FOR_RATE) or sps
         left = max(0, steps_left)
-        guard = (
-            left * max(0.0, latest - sps)
-            + GUARD_SHARE * left * sps
-            + 2 * self.args.poll_interval * st.time_scale
-        )
+        look = self.args.poll_interval + max(st.looks_late, default=0.0)
+        guard = left * max(0.0, latest - sps) + GUARD_SHARE * left * sps + 2 * look * st.time_scale
         return min(guard, max(0.0, st.deadline_s - work_s - changeover))
 
     # -- acting -----------------------------------------------------------------------------

@@ -81,19 +81,28 @@ def _answer(body: bytes, length: int | None = None, encoding: str = "") -> bytes
     return head.encode() + b"\r\n" + body
 
 
+@pytest.fixture
+def pool() -> Iterator[urllib3.PoolManager]:
+    """A connection pool closed after the test (no socket left for the collector to warn of)."""
+    manager = urllib3.PoolManager(timeout=10)
+    yield manager
+    manager.clear()
+
+
 def _get(pool: urllib3.PoolManager, url: str) -> StreamingBody:
     raw = pool.request("GET", url, preload_content=False)
     return StreamingBody(raw, raw.headers.get("content-length"))
 
 
-def test_a_body_is_read_straight_and_its_connection_reused(tmp_path: Path, monkeypatch) -> None:
+def test_a_body_is_read_straight_and_its_connection_reused(
+    tmp_path: Path, monkeypatch, pool: urllib3.PoolManager
+) -> None:
     """Two GETs on one connection: each read through one buffer, whole and hashed, and the
     second finds the first's connection back in the pool."""
     direct: list[int] = []
     real = s3parts._stream_direct
     monkeypatch.setattr(s3parts, "_stream_direct", lambda *a: direct.append(1) or real(*a))
     with _server([_answer(BODY), _answer(BODY[:1000])]) as url:
-        pool = urllib3.PoolManager(timeout=10)
         for want in (BODY, BODY[:1000]):
             with open(tmp_path / "out", "wb") as fh:
                 got = s3parts._stream(_get(pool, url), fh.fileno(), new_hasher(XXH3))
@@ -105,11 +114,11 @@ def test_a_body_is_read_straight_and_its_connection_reused(tmp_path: Path, monke
         assert pool.connection_from_url(url).num_connections == 1  # the first one, reused
 
 
-def test_a_body_cut_short_is_a_passing_error(tmp_path: Path) -> None:
+def test_a_body_cut_short_is_a_passing_error(tmp_path: Path, pool: urllib3.PoolManager) -> None:
     """A body that ends before its Content-Length (the server closed the connection) is
     botocore's IncompleteReadError, which the store retries; its connection is closed."""
     with _server([_answer(BODY[:5000], length=len(BODY)) + b"<cut>"]) as url:
-        body = _get(urllib3.PoolManager(timeout=10), url)
+        body = _get(pool, url)
         with open(tmp_path / "out", "wb") as fh, pytest.raises(IncompleteReadError) as got:
             s3parts._stream(body, fh.fileno(), new_hasher(XXH3))
     assert _transient(got.value)
@@ -117,26 +126,29 @@ def test_a_body_cut_short_is_a_passing_error(tmp_path: Path) -> None:
     assert conn is not None and conn.sock is None
 
 
-def test_a_read_error_is_botocore_s_streaming_error(tmp_path: Path) -> None:
+def test_a_read_error_is_botocore_s_streaming_error(
+    tmp_path: Path, pool: urllib3.PoolManager
+) -> None:
     """A connection that fails mid-body (here, closed under the reader) is
     ResponseStreamingError, as botocore's own reads raise it: retried."""
     with _server([_answer(BODY)]) as url:
-        body = _get(urllib3.PoolManager(timeout=10), url)
+        body = _get(pool, url)
         body._raw_stream._fp.fp.close()  # the socket file under http.client: reads fail
         with open(tmp_path / "out", "wb") as fh, pytest.raises(ResponseStreamingError) as got:
             s3parts._stream(body, fh.fileno(), new_hasher(XXH3))
     assert _transient(got.value)
 
 
-def test_an_encoded_or_started_body_goes_the_ordinary_way(tmp_path: Path) -> None:
+def test_an_encoded_or_started_body_goes_the_ordinary_way(
+    tmp_path: Path, pool: urllib3.PoolManager
+) -> None:
     """A body with a Content-Encoding (urllib3 decodes it) or one read from already is not
     read from its connection: botocore's chunks, as before."""
     with _server([_answer(BODY, encoding="identity"), _answer(BODY, encoding="x-custom")]) as url:
-        pool = urllib3.PoolManager(timeout=10)
         assert s3parts._direct(_get(pool, url)) is not None
         assert s3parts._direct(_get(pool, url)) is None
     with _server([_answer(BODY)]) as url:
-        body = _get(urllib3.PoolManager(timeout=10), url)
+        body = _get(pool, url)
         first = body.read(10)
         assert s3parts._direct(body) is None
         with open(tmp_path / "out", "wb") as fh:

@@ -23,8 +23,12 @@ from airflow_spot.policy.model import SpotView
 from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace, train_command
 from airflow_spot.triggers.events import EventKind, SpotEvent
 
-TICK = SpotEvent(EventKind.TICK, time.time())
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
+
+
+def tick() -> dict:
+    """A watcher's tick, as the trigger fires it now."""
+    return SpotEvent(EventKind.TICK, time.time()).to_payload()
 
 
 def _op(tmp_path: Path, deadline: timedelta, **changes) -> SpotTrainingOperator:
@@ -63,7 +67,7 @@ def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_i
 
     monkeypatch.setattr(Turn, "advance", hiccup)
     with pytest.raises(RuntimeError):  # try 1 of 2: Airflow will retry
-        op.resume(make_context(store, try_number=1, max_tries=1), TICK.to_payload())
+        op.resume(make_context(store, try_number=1, max_tries=1), tick())
     assert not read_status(handle).terminal  # still training, for try 2 to re-attach
     assert not store.get(STATE_KEY).get("failed")
     sent = []
@@ -71,7 +75,7 @@ def test_a_passing_error_keeps_the_attempt_for_the_next_try_the_last_try_stops_i
         "airflow_spot.operators.metrics.emit", lambda summary, *a, **k: sent.append(summary)
     )
     with pytest.raises(RuntimeError):  # try 2 of 2: nothing comes after it
-        op.resume(make_context(store, try_number=2, max_tries=1), TICK.to_payload())
+        op.resume(make_context(store, try_number=2, max_tries=1), tick())
     assert read_status(handle).terminal  # stopped: nothing runs unwatched
     state = store.get(STATE_KEY)
     assert state["failed"]["error"] == "RuntimeError"
@@ -317,7 +321,7 @@ def test_the_policy_keeps_a_guard_for_a_slower_latest_attempt_and_noise(tmp_path
     """Spot ran at 1 s per step, the latest (on-demand) attempt runs at 1.5 s: the policy's
     deadline is moved earlier by the extra 0.5 s for every step left, 2 % of the work left and
     two looks, so it does not plan on the faster mean and finish late; never by more than the
-    whole job's slack."""
+    whole job's slack. A look is a poll and the most the recent turns began after their events."""
     from airflow_spot.jobstate import AttemptRecord, JobState
 
     def run(attempt: int, capacity: str, steps: int, secs: float) -> AttemptRecord:
@@ -342,6 +346,18 @@ def test_the_policy_keeps_a_guard_for_a_slower_latest_attempt_and_noise(tmp_path
     assert ctl._guard(100, sps, 3550.0, 30.0) == pytest.approx(20.0)  # capped by the slack
     state.attempts.append(run(3, "spot", 50, 25.0))  # the latest is faster: noise and looks only
     assert ctl._guard(100, 1.0, 400.0, 30.0) == pytest.approx(0.02 * 100 + 0.2)
+    # turns that began late after their events (a busy scheduler): the look keeps the latest
+    # of the last 20, so a stall long past is forgotten
+    ctl._woke(100.0, SpotEvent(EventKind.TICK, 88.0))
+    ctl._woke(101.0, SpotEvent(EventKind.TICK, 105.0))  # another clock ahead: not early, 0
+    assert state.looks_late == [12.0, 0.0]
+    assert ctl._guard(100, 1.0, 400.0, 30.0) == pytest.approx(0.02 * 100 + 2 * (0.1 + 12.0))
+    for t in range(19):
+        ctl._woke(200.0 + t, SpotEvent(EventKind.TICK, 199.0 + t))
+    assert len(state.looks_late) == 20 and max(state.looks_late) == 1.0
+    assert ctl._guard(100, 1.0, 400.0, 30.0) == pytest.approx(0.02 * 100 + 2 * (0.1 + 1.0))
+    ctl._woke(300.0, None)  # a turn no event woke (a new try) keeps nothing
+    assert len(state.looks_late) == 20
 
 
 def test_short_waits_stay_in_the_worker_longer_ones_defer_with_a_hold(tmp_path: Path) -> None:
