@@ -486,8 +486,9 @@ def s3_stored(tmp: Path, srcs: list[Path], env: dict, client: Any) -> str:
     """What the resumes read, written once before the rounds (untimed) by a save under
     ``ours``: the folder of its checkpoint, whose files the plain downloads read too. Each
     side once read its own copy (``upload_file``'s), and at 4 GiB the plain one, read three
-    times a round, stayed in the server's page cache while ours, read once, was pushed out
-    by the round's 24 GiB of writes (one file: 1.13x, fastest / fastest 1.23x)."""
+    times a round, stayed in the page cache where ours, read once, most likely did not under
+    the round's 24 GiB of writes (one file: 1.13x, fastest / fastest 1.23x; 1.01x and 1.00x
+    reading the same files)."""
     run_case("save-ours", "s3://bench/ours", srcs, tmp / "x", env)
     got = client.list_objects_v2(Bucket="bench", Prefix="ours/")
     first = next(o["Key"] for o in got["Contents"] if o["Key"].endswith("/" + srcs[0].name))
