@@ -282,7 +282,10 @@ def reporting_paused(keep: bool) -> Iterator[str]:
         return
     stop = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # put back when killed too
     try:
-        yield f"free-page reporting paused (page_reporting_order {before} -> {PAUSED})"
+        yield (
+            f"free-page reporting paused (page_reporting_order {before} -> {PAUSED}; put back "
+            f"on the way out, or after a kill -9: echo {before} > {order})"
+        )
     finally:
         signal.signal(signal.SIGTERM, stop)
         order.write_text(before)
