@@ -53,7 +53,7 @@ checkpoint that saves within a 30 s (GCP) and a 120 s (AWS) preemption notice.
 
 In a VM that hands freed memory back to its host (free-page reporting), a write into fresh
 page cache pays for faulting it back in, and which case pays depends on what ran before it,
-not on its code: a GiB took 0.5 s in one case and 2-4 s in the next. Where it may (root), the
+not on its code: a GiB took 0.2-0.5 s in one case and 1.5-3 s in the next. Where it may (root), the
 script pauses the reporting while it runs and puts it back after (``reporting_paused``;
 ``--keep-page-reporting`` leaves it on); its first lines say which. With it paused the 1 GiB
 S3 resume's per-round ratios spread 0.96-2.09x (one file) where they spread 0.26-4.72x.
@@ -266,7 +266,7 @@ def reporting_paused(keep: bool) -> Iterator[str]:
     In a VM whose balloon reports free pages (this one: Firecracker, ``virtio_balloon``),
     memory freed in the guest is handed back to the host, and the next write into fresh page
     cache faults it back in, page by page, from the host. Which case pays that is decided by
-    what ran just before it and when, not by its code: a GiB written here takes 0.22-0.28 s
+    what ran just before it and when, not by its code: a GiB written here takes 0.21-0.24 s
     with reporting paused and 0.23-0.73 s with it on, by turns (6 writes each, a GiB deleted
     between them). Paused, both sides write into memory the guest already holds."""
     order, reported = REPORTING / "page_reporting_order", REPORTING / "reported_kib"
@@ -274,9 +274,8 @@ def reporting_paused(keep: bool) -> Iterator[str]:
         yield "free-page reporting left as it is (--keep-page-reporting)"
         return
     try:
-        before = order.read_text().strip()
-        order.write_text(str(PAUSED))
-        kib = int(reported.read_text())
+        before, kib = order.read_text().strip(), int(reported.read_text())
+        order.write_text(str(PAUSED))  # the last step that may fail: nothing left to undo
     except (OSError, ValueError):
         yield "free-page reporting left as it is (not root, or no page_reporting here)"
         return

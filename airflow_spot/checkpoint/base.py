@@ -1,6 +1,7 @@
 """What every checkpoint store shares: the :class:`Store` protocol, the key rule (relative
 paths of plain parts, never escaping the prefix), temporary names for unfinished writes,
-and a missing key as a CheckpointError. No Airflow import, no boto3.
+a missing key as a CheckpointError, and the files of a checkpoint moved a few at a time
+(:func:`each_at_once`, for saves and resumes alike). No Airflow import, no boto3.
 
 A store maps keys (``/``-separated relative paths) to bytes. Keys never escape the
 configured prefix: absolute keys, ``..`` and empty parts are refused. Large checkpoint files
@@ -16,20 +17,25 @@ import contextlib
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from airflow_spot.checkpoint.hashing import CHUNK, file_digest
 from airflow_spot.exceptions import CheckpointError
 
 _PART = re.compile(r"^[A-Za-z0-9._-]+$")
 TMP_PREFIX = ".airflow-spot-tmp."  # unfinished writes: never listed, swept by retention
+FILES_AT_ONCE = 4  # files of a checkpoint written (or read back) at the same time
+T = TypeVar("T")
 __all__ = [
     "CHUNK",
+    "FILES_AT_ONCE",
     "TMP_PREFIX",
     "OnePass",
     "Store",
+    "each_at_once",
     "error_code",
     "file_digest",
     "must_exist",
@@ -102,3 +108,19 @@ def must_exist(uri: str, key: str) -> Iterator[None]:
         if error_code(e) in ("404", "NoSuchKey"):
             raise CheckpointError(f"{uri}/{key} does not exist") from e
         raise
+
+
+def each_at_once(names: Iterable[str], work: Callable[[str], T]) -> dict[str, T]:
+    """``work`` on every name, ``FILES_AT_ONCE`` at a time: the answers by name, or the
+    first name's error (in the given order) once all have stopped (none is left writing)."""
+    names = list(names)
+    if len(names) == 1:
+        return {names[0]: work(names[0])}
+    with ThreadPoolExecutor(min(len(names), FILES_AT_ONCE), "checkpoint-file") as pool:
+        futures = {name: pool.submit(work, name) for name in names}
+        for f in futures.values():
+            if f.exception() is not None:
+                for other in futures.values():
+                    other.cancel()
+                break
+    return {name: f.result() for name, f in futures.items()}

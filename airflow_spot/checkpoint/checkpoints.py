@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from airflow_spot.checkpoint import resume
-from airflow_spot.checkpoint.base import Store, file_digest, safe_key
+from airflow_spot.checkpoint.base import Store, each_at_once, file_digest, safe_key
 from airflow_spot.checkpoint.hashing import SHA256, available, digest_bytes, save_algorithm
 from airflow_spot.checkpoint.manifest import (
     MANIFEST,
@@ -95,7 +95,7 @@ class Checkpoints:
                 )
         base = checkpoint_name(step)
         algo = self._save_algorithm()
-        written = resume.each_at_once(files, lambda name: self._put(base, name, files[name], algo))
+        written = each_at_once(files, lambda name: self._put(base, name, files[name], algo))
         entries = {name: entry for name, (entry, _) in written.items()}
         tags = {name: tag for name, (_, tag) in written.items()}
         manifest = Manifest(

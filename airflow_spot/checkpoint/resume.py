@@ -19,30 +19,10 @@ import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
-from airflow_spot.checkpoint.base import Store, file_digest, safe_key
+from airflow_spot.checkpoint.base import FILES_AT_ONCE, Store, each_at_once, file_digest, safe_key
 from airflow_spot.checkpoint.manifest import RESUME_STAGE, Manifest
 from airflow_spot.exceptions import CheckpointError, ConfigError
-
-T = TypeVar("T")
-FILES_AT_ONCE = 4  # files of a checkpoint written (or read back) at the same time
-
-
-def each_at_once(names: Iterable[str], work: Callable[[str], T]) -> dict[str, T]:
-    """``work`` on every name, ``FILES_AT_ONCE`` at a time: the answers by name, or the
-    first name's error (in the given order) once all have stopped (none is left writing)."""
-    names = list(names)
-    if len(names) == 1:
-        return {names[0]: work(names[0])}
-    with ThreadPoolExecutor(min(len(names), FILES_AT_ONCE), "checkpoint-file") as pool:
-        futures = {name: pool.submit(work, name) for name in names}
-        for f in futures.values():
-            if f.exception() is not None:
-                for other in futures.values():
-                    other.cancel()
-                break
-    return {name: f.result() for name, f in futures.items()}
 
 
 def fetch_hashed(store: Store, key: str, path: Path, algo: str) -> tuple[str, int]:
