@@ -219,7 +219,8 @@ class KubernetesBackend(SeesSpotOnCluster):
         if lease_until is not None:  # the container reads it through the downward API
             pod.metadata.annotations[LEASE_ANNOTATION] = repr(lease_until)
         self.api.create_pod(pod, name, stamp)
-        return launched_attempt(name, self.namespace, attempt, capacity, time.time())
+        # the handle's launch is the pod's own stamp (adoption reads the same, to the bit)
+        return launched_attempt(name, self.namespace, attempt, capacity, float(stamp))
 
     def _remove_leftovers(self, task: TaskIdentity, name: str, attempt: int, hold: bool) -> None:
         """Delete the task's pods a launch of ``name`` must not meet (see :meth:`launch`)."""

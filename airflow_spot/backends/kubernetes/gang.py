@@ -139,12 +139,13 @@ class Gang:
             capacity=capacity, command=command, checkpoint_uri=checkpoint_uri, env=env,
             pool=pool, hold=hold,
         )  # fmt: skip
+        self._remove_leftovers(ident, name, attempt, hold)
+        # the handle's launch is the pods' own stamp, taken before any of them is created
         stamp = repr(time.time())
         pod.metadata.annotations = {**(pod.metadata.annotations or {}), LAUNCHED_ANNOTATION: stamp}
         if lease_until is not None:
             pod.metadata.annotations[LEASE_ANNOTATION] = repr(lease_until)
         body = self.b.api.as_json(pod)
-        self._remove_leftovers(ident, name, attempt, hold)
         key = f"{ident.dag_id}/{ident.task_id}/{ident.run_id}/{ident.map_index}"
         port, spot = rendezvous_port(key, attempt), capacity == "spot"
         if spot and self.by_request:
@@ -165,7 +166,7 @@ class Gang:
                 body, job=name, job_uid=uid, nodes=self.n, labels=labels, image=self.b.probe_image
             ):
                 self.api.create_placeholder(p)
-        return launched_attempt(name, self.b.namespace, attempt, capacity, time.time())
+        return launched_attempt(name, self.b.namespace, attempt, capacity, float(stamp))
 
     def _remove_leftovers(self, task: TaskIdentity, name: str, attempt: int, hold: bool) -> None:
         """Delete the task's Jobs a launch of ``name`` must not meet (held: the running gang
