@@ -12,6 +12,9 @@ os.environ.setdefault("AIRFLOW_HOME", str(_HOME / "airflow_home"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(Path(__file__).parent / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+# the in-process api-server signs its tokens with this (a session key, in memory only): the
+# key Airflow would generate is 16 bytes, which PyJWT warns about for every token it signs
+os.environ.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", os.urandom(32).hex())
 
 
 def pytest_sessionfinish(session: object, exitstatus: object) -> None:

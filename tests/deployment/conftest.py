@@ -521,7 +521,7 @@ class AirflowDeployment:
             AIRFLOW__API__PORT=str(self.port),
             AIRFLOW__API__BASE_URL=f"{self.base_url}/",
             AIRFLOW__API__WORKERS="1",
-            AIRFLOW__API_AUTH__JWT_SECRET=os.urandom(16).hex(),
+            AIRFLOW__API_AUTH__JWT_SECRET=os.urandom(32).hex(),
             # one key for every component: without it the first to start writes airflow.cfg
             # with a key of its own, and a component that read the config before that has
             # none; a trigger the api-server stored encrypted then killed the triggerer at
