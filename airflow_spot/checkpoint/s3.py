@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_spot.checkpoint import s3parts
-from airflow_spot.checkpoint.base import CHUNK, error_code, must_exist, safe_key, tmp_beside
+from airflow_spot.checkpoint.base import error_code, must_exist, safe_key, tmp_beside
 from airflow_spot.checkpoint.hashing import SHA256, new_hasher
 from airflow_spot.exceptions import CheckpointError, ConfigError
 from airflow_spot.settings import S3_RETRY_ENV as S3_RETRY_ENV  # (tests and chaos import it here)
@@ -314,11 +314,7 @@ class S3Store:
     def digest(self, key: str, algo: str = SHA256) -> tuple[str, int]:
         with must_exist(self.uri, key):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        h, n = new_hasher(algo), 0
-        for chunk in body.iter_chunks(CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-        return h.hexdigest(), n
+        return s3parts.hash_body(body, new_hasher(algo))  # one reused buffer, as resumes read
 
     @_named
     def create(self, key: str, data: bytes) -> bool:

@@ -312,15 +312,22 @@ def _in_order(fetch: Callable[[int], list[bytes]], starts: range, h: Any, parts:
                 parts.slots.release()
 
 
-def _stream(body: Any, fd: int, h: Any) -> tuple[str, int]:
-    """One GET's body into ``fd`` from its start, hashed on the way: read from the connection
-    into one reused buffer where the body allows it (:func:`_direct`), else chunk by chunk."""
+def hash_body(body: Any, h: Any) -> tuple[str, int]:
+    """A GET's whole body hashed, nothing written: (digest, size), read as a resume reads."""
+    return _stream(body, None, h)
+
+
+def _stream(body: Any, fd: int | None, h: Any) -> tuple[str, int]:
+    """One GET's body into ``fd`` from its start (None: hashed only), hashed on the way: read
+    from the connection into one reused buffer where the body allows it (:func:`_direct`),
+    else chunk by chunk."""
     raw = _direct(body)
     if raw is not None:
         return _stream_direct(body, raw, fd, h)
     n = 0
     for chunk in body.iter_chunks(CHUNK):
-        _pwrite(fd, chunk, n)
+        if fd is not None:
+            _pwrite(fd, chunk, n)
         h.update(chunk)
         n += len(chunk)
     return h.hexdigest(), n
@@ -344,7 +351,7 @@ def _direct(body: Any) -> Any:
     return raw
 
 
-def _stream_direct(body: Any, raw: Any, fd: int, h: Any) -> tuple[str, int]:
+def _stream_direct(body: Any, raw: Any, fd: int | None, h: Any) -> tuple[str, int]:
     """:func:`_stream` through one reused buffer, checked against ``Content-Length`` (which
     botocore checks on its own reads, and ``http.client`` does not: a body cut short simply
     ends). A cut or short body is botocore's streaming error, which the store retries; the
@@ -360,7 +367,8 @@ def _stream_direct(body: Any, raw: Any, fd: int, h: Any) -> tuple[str, int]:
                 raise ResponseStreamingError(error=e) from e
             if not got:
                 break
-            _pwrite(fd, view[:got], n)
+            if fd is not None:
+                _pwrite(fd, view[:got], n)
             h.update(view[:got])
             n += got
         expected = raw.headers.get("content-length")

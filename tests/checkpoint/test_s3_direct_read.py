@@ -154,3 +154,24 @@ def test_an_encoded_or_started_body_goes_the_ordinary_way(
         with open(tmp_path / "out", "wb") as fh:
             _, n = s3parts._stream(body, fh.fileno(), new_hasher(XXH3))
         assert first + (tmp_path / "out").read_bytes()[:n] == BODY
+
+
+def test_a_stored_files_digest_reads_its_body_straight_and_writes_nothing(
+    monkeypatch, pool: urllib3.PoolManager
+) -> None:
+    """``S3Store.digest`` (a watcher's verify) hashes a body through the same one buffer, and
+    a body cut short is the same passing error, never a digest of part of the file."""
+    from botocore.exceptions import IncompleteReadError
+
+    direct: list[int] = []
+    real = s3parts._stream_direct
+    monkeypatch.setattr(s3parts, "_stream_direct", lambda *a: direct.append(1) or real(*a))
+    monkeypatch.setattr(s3parts, "_pwrite", lambda *a: pytest.fail("a digest writes nothing"))
+    with _server([_answer(BODY), _answer(BODY[:1000], length=2000) + b"<cut>"]) as url:
+        assert s3parts.hash_body(_get(pool, url), new_hasher(XXH3)) == (
+            digest_bytes(BODY, XXH3),
+            len(BODY),
+        )
+        with pytest.raises(IncompleteReadError):
+            s3parts.hash_body(_get(pool, url), new_hasher(XXH3))
+    assert direct == [1, 1]
