@@ -184,6 +184,7 @@ def _replay(
     tick = seg.tick
     cur, rro, done, preemptions = NONE, 0.0, 0.0, 0
     overlap = False  # on-demand trains on while the spot launch (cur) pays its changeover
+    od_rro = 0.0  # what on-demand still had of its own changeover when the return began
     looking = ""  # what waits since the last look: "", "request" or "probe"
     probes, overlap_s = 0, 0.0
     work_on = [0.0, 0.0]  # work done on spot, on on-demand: work_on[cap is OD]
@@ -214,9 +215,11 @@ def _replay(
         last = cur
         if last is not NONE:
             w, launching, rro = steps[rro]
-            if overlap:  # on-demand trained while spot launched
-                wo = launching if launching < work - done else work - done
-                ovl.tick(OD, now - gap, 0.0, launching, done, done + wo, od_price)
+            if overlap:  # on-demand trained while spot launched (once its own launch was done)
+                paid = od_rro if od_rro < launching else launching
+                od_rro -= paid
+                wo = launching - paid if launching - paid < work - done else work - done
+                ovl.tick(OD, now - gap, paid, launching, done, done + wo, od_price)
                 done += wo
                 work_on[1] += wo
                 overlap_s += launching
@@ -234,7 +237,7 @@ def _replay(
                 seg.close("preempted")
                 cur = NONE
                 if overlap:  # reclaimed before it was ready: on-demand was never stopped
-                    overlap, cur, rro = False, OD, 0.0
+                    overlap, cur, rro = False, OD, od_rro
                     ovl.close("spot_lost")
         elif t > 0:
             tick(NONE, now - gap, 0.0, gap, done, done, 0.0)
@@ -280,7 +283,7 @@ def _replay(
             if req is SPOT and cur is not SPOT:
                 if has:  # granted now (a found request or probe becomes the launch)
                     if cur is OD and d > 0 and make_before_break:
-                        overlap = True
+                        overlap, od_rro = True, rro  # (an on-demand launch still launching)
                     seg.close("handover" if cur is OD else "switched")
                     cur, rro = SPOT, d
                 else:  # waits for capacity: on-demand, if held, trains on
@@ -293,7 +296,7 @@ def _replay(
                     if overlap and req is OD:  # the return is called off; on-demand goes on
                         seg.close("cancelled")
                         ovl.close("cancelled")
-                        overlap, cur, rro = False, OD, 0.0
+                        overlap, cur, rro = False, OD, od_rro
                     else:
                         if overlap:
                             ovl.close("cancelled")

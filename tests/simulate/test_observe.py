@@ -116,6 +116,29 @@ def test_spot_reclaimed_before_it_is_ready_leaves_on_demand_running() -> None:
     assert r.ledger.hours(SPOT) == pytest.approx(600 / HOUR)
 
 
+@pytest.mark.parametrize("called_off", [False, True])
+def test_a_return_begun_while_on_demand_still_launches_gains_no_progress(called_off) -> None:
+    """On-demand launched at 0 (0.4 h changeover); a return to spot begun at tick 1, lost
+    with spot at tick 3 (or called off at tick 2): on-demand finishes its own launch before it
+    trains, through the overlap and after it, so the job ends when all on-demand would."""
+    job = JobSpec(4 * HOUR, 20 * HOUR, 0.4 * HOUR, tick_s=600.0)
+    if called_off:
+        rule = lambda o: Decision(SPOT if o.now == 600 else OD, "x")  # noqa: E731
+    else:
+        rule = lambda o: Decision(  # noqa: E731
+            SPOT if o.now >= 600 and o.spot_available is not False else OD, "x"
+        )
+    t = _trace((True, 3), (False, 300))
+    r = replay(Script(rule), t, job)
+    od_only = replay(Script(lambda o: Decision(OD, "x")), t, job)
+    assert r.finished_h == od_only.finished_h
+    od = [s for s in r.ledger.segments if s.capacity is OD]
+    launching = sum(s.hours for s in od if s.phase is Phase.LAUNCHING)
+    assert launching == pytest.approx(0.4)  # its whole changeover, the overlap's part included
+    assert any(s.overlap and s.phase is Phase.LAUNCHING for s in od)
+    assert r.ledger.hours(OD) == pytest.approx(od_only.ledger.hours(OD))
+
+
 @pytest.mark.parametrize("name", ["greedy", "uniform_progress", "deadline_aware"])
 def test_the_shipped_policies_meet_deadlines_and_say_what_they_see(name: str) -> None:
     rng = np.random.default_rng(3)
