@@ -56,18 +56,20 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
         return choice
     # ticks_needed(job, obs) < ticks_left(job, obs), inlined: a replay asks this at every look
     tick, now, done, kept = job.tick_s, obs.now, obs.done_s, job.failure_reserve_s + job.acquire_s
-    if math.ceil((job.work_s - done + job.changeover_s + kept) / tick) < math.floor(
-        (job.deadline_s - now) / tick
-    ):
+    need = math.ceil((job.work_s - done + job.changeover_s + kept) / tick)
+    left = math.floor((job.deadline_s - now) / tick)
+    if need < left:
         return choice
     if (
         obs.capacity is Capacity.SPOT
         and choice.capacity is Capacity.SPOT
-        and (obs.changeover_left_s < EPS or obs.overlap)
+        and (obs.changeover_left_s < EPS or (obs.overlap and need <= left))
     ):
-        # a running spot instance's next interval of progress is certain, and so is a
-        # make-before-break return's (on-demand trains on until spot is ready): the net let it
-        # begin, and calling it off a look later for the live rate's drift only paid its launch
+        # a running spot instance's next interval of progress is certain: the net let it
+        # begin, and calling it off a look later for the live rate's drift only paid its
+        # launch. A make-before-break return goes on as surely only while the slack is short
+        # by less than a look: on-demand may still be paying its own launch under it (no
+        # progress), and once spot takes over a loss needs a whole on-demand changeover
         return choice
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
     if kept > 0.0:  # the slack may be hours: say what it is kept for
