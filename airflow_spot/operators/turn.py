@@ -287,7 +287,12 @@ class Turn:
         """What the policy sees now; a deadline that cannot be met any more is an error.
 
         A spot return granted while on-demand trains on reads as spot launching, with
-        ``overlap`` (as the simulator has it); one still waiting for capacity, as on-demand."""
+        ``overlap`` (as the simulator has it); one still waiting for capacity, as on-demand.
+        Once it took over (``ready_at``), it reads as running spot, with no changeover left,
+        as the replay hands over only when the launch's changeover is paid: what is left is
+        the restore of the checkpoint on-demand just saved. Read as a launch with changeover
+        left, the safety net judged it as a new launch and called it off for a new on-demand
+        launch, which pays a whole changeover (the demo's attempt 6, 2026-12-07)."""
         st, live = self.state, self.state.live
         coming = st.coming
         overlap = coming is not None and coming.granted_at is not None
@@ -296,7 +301,7 @@ class Turn:
         if overlap and coming is not None:
             cap = Capacity.SPOT
             left = max(0.0, p.changeover - st.market_s(now) + st.market_s(coming.granted_at or now))
-        elif live is not None and live.started_at is None:
+        elif live is not None and live.started_at is None and live.ready_at is None:
             began = live.granted_at or now
             left = max(0.0, p.changeover - st.market_s(now) + st.market_s(began))
         now_m = st.market_s(now)

@@ -1,0 +1,71 @@
+"""What the policy sees of a spot attempt that took over from on-demand (a make-before-break
+return, handed over) while it restores the checkpoint on-demand saved: running spot, as the
+replay hands over only once the launch's changeover is paid, so the safety net does not call
+it off for a new on-demand launch."""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from airflow_spot.backends.local import LocalBackend
+from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
+from airflow_spot.operators import SpotTrainingOperator
+from airflow_spot.operators.job import Progress
+from airflow_spot.policy import Capacity, Decision
+from airflow_spot.policy.base import safety_net
+from airflow_spot.policy.model import SpotView
+from airflow_spot.testing import FileTaskStateStore, make_context, scripted_trace
+
+STEPS, SPS, CHANGEOVER = 480, 360.0, 1800.0  # market seconds: 48 h of work
+
+
+def _turn(tmp_path: Path, state: JobState):
+    op = SpotTrainingOperator(
+        task_id="train",
+        command=[sys.executable, "-c", "pass"],
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        expected_compute=timedelta(seconds=STEPS * SPS),
+        total_steps=STEPS,
+        deadline=timedelta(hours=62),
+        policy="deadline_aware",
+        backend=LocalBackend(
+            trace=str(scripted_trace(tmp_path / "t.json", [(True, 5000)])),
+            polarity="available",
+            work_dir=str(tmp_path / "runs"),
+        ),
+    )
+    return op.turn(state, make_context(FileTaskStateStore(tmp_path / "s.json")))
+
+
+def _attempts(st: JobState, now: float, ready: bool) -> None:
+    """On-demand (attempt 1) trained; spot (attempt 2) was granted 0.4 h ago and, if
+    ``ready``, took over (on-demand checkpoints and stops); it has not trained a step yet.
+    Not ready: spot launched after on-demand ended, still in its changeover."""
+    od = AttemptRecord(1, "on_demand", AttemptHandle(run_dir="/r/1"), 0.0, started_at=900.0)
+    spot = AttemptRecord(2, "spot", AttemptHandle(run_dir="/r/2"), now - 1440.0)
+    spot.granted_at = now - 1440.0
+    if ready:
+        spot.ready_at, od.handed_to = now - 60.0, 2
+    else:
+        od.ended_at, od.outcome = now - 1500.0, "preempted"
+    st.attempts, st.current, st.incoming = [od, spot], 1, None
+
+
+def test_a_spot_attempt_that_took_over_reads_as_running_spot(tmp_path: Path) -> None:
+    p = Progress(STEPS, 400, 400, SPS, CHANGEOVER)
+    for ready, left in ((True, 0.0), (False, CHANGEOVER - 1440.0)):
+        st = JobState(started_at=0.0, deadline_at=62 * 3600.0, total_steps=STEPS)
+        turn = _turn(tmp_path, st)
+        job = turn._job(p)
+        # the slack short of the net's need by half a look: the net's check fails
+        need = job.work_s - 400 * SPS + job.changeover_s + job.failure_reserve_s + job.acquire_s
+        now = job.deadline_s - need - 0.5 * job.tick_s
+        _attempts(st, now, ready)
+        obs = turn._observe(now, p, job, SpotView.now(True, 9000.0, "attempt"))
+        assert (obs.capacity, obs.overlap) == (Capacity.SPOT, False)
+        assert obs.changeover_left_s == left
+        # spot that took over trains on; a launch still in its changeover gives way
+        kept = safety_net(job, obs, Decision(Capacity.SPOT, "dp_spot", (0.0, 0.0)))
+        assert kept.capacity is (Capacity.SPOT if ready else Capacity.ON_DEMAND), kept
