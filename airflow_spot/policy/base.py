@@ -72,13 +72,18 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
         # progress), and once spot takes over a loss needs a whole on-demand changeover
         return choice
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
+    # what the slack must cover, said in hours: a live job's measured changeover and its look
+    # may be hours of market time (a gang's ranks joining, replayed fast)
+    step = (job.changeover_s / HOUR, tick / HOUR)
     if kept > 0.0:  # the slack may be hours: say what it is kept for
         if job.failure_reserve_s > 0.0:
             return Decision(
-                Capacity.ON_DEMAND, "safety_reserve", (slack_h, job.failure_reserve_s / HOUR)
+                Capacity.ON_DEMAND, "safety_reserve", (slack_h, job.failure_reserve_s / HOUR, *step)
             )
-        return Decision(Capacity.ON_DEMAND, "safety_acquire", (slack_h, job.acquire_s / HOUR))
-    return Decision(Capacity.ON_DEMAND, "safety", (slack_h,))
+        return Decision(
+            Capacity.ON_DEMAND, "safety_acquire", (slack_h, job.acquire_s / HOUR, *step)
+        )
+    return Decision(Capacity.ON_DEMAND, "safety", (slack_h, *step))
 
 
 def ask_spot(obs: Observation) -> Decision:
