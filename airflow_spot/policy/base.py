@@ -71,10 +71,16 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
         # by less than a look: on-demand may still be paying its own launch under it (no
         # progress), and once spot takes over a loss needs a whole on-demand changeover
         return choice
+    return deadline_od(job, obs)
+
+
+def deadline_od(job: JobSpec, obs: Observation) -> Decision:
+    """On-demand to meet the deadline, the reason saying what the slack must cover (the
+    changeover and the look in hours: a live job's measured changeover and its look may be
+    hours of market time, a gang's ranks joining replayed fast) and what else is kept."""
+    kept = job.failure_reserve_s + job.acquire_s
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
-    # what the slack must cover, said in hours: a live job's measured changeover and its look
-    # may be hours of market time (a gang's ranks joining, replayed fast)
-    step = (job.changeover_s / HOUR, tick / HOUR)
+    step = (job.changeover_s / HOUR, job.tick_s / HOUR)
     if kept > 0.0:  # the slack may be hours: say what it is kept for
         if job.failure_reserve_s > 0.0:
             return Decision(

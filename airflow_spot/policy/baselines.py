@@ -39,6 +39,7 @@ from airflow_spot.policy.base import (
     EPS,
     Policy,
     ask_spot,
+    deadline_od,
     exact,
     own_rules,
     register,
@@ -287,8 +288,5 @@ def _slack_kept(job: JobSpec, obs: Observation) -> bool:
 
 
 def _safety_od(job: JobSpec, obs: Observation) -> Decision:
-    return Decision(
-        Capacity.ON_DEMAND,
-        "safety",
-        ((job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR,),
-    )
+    """The net's own on-demand (its rule and its reason), taken a look early."""
+    return deadline_od(job, obs)

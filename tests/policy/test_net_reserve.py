@@ -222,3 +222,43 @@ def test_the_net_lets_a_return_launching_over_on_demand_go_on() -> None:
     # whole changeover (the paper's us-west-2a_k80_1/100 at 52 h / 0.4 h missed by 2 min)
     late = Observation(now + TICK, done, SPOT, True, changeover_left_s=300.0, overlap=True)
     assert safety_net(job, late, spot).capacity is OD
+
+
+def test_every_reason_of_every_policy_renders() -> None:
+    """Each policy's reason, the net's included, formats with the arguments its rule is given
+    (a rule given fewer than its text names failed only when the operator recorded it: the
+    greedy fallback's ``safety`` once failed a live task so). Jobs with a failure reserve and
+    a gang's margin; spot seen up, down and unseen; a launch or not."""
+    from airflow_spot.policy import policy_names
+
+    rng = np.random.default_rng(36)
+    fixed = JobSpec(20 * HOUR, 26 * HOUR, 720.0, tick_s=600.0, failure_reserve_s=1800.0)
+    for name in policy_names():
+        if name.startswith("test_"):
+            continue
+        policy = get_policy(name)
+        for i in range(400 if name == "deadline_aware" else 3000):
+            job, obs, _ = _random_case(rng)
+            if name == "deadline_aware":  # one plan: a random job shape solves one each
+                obs = Observation(
+                    min(obs.now, fixed.deadline_s), min(obs.done_s, fixed.work_s), obs.capacity
+                )
+                job = fixed
+            extra = [{}, {"failure_reserve_s": 900.0}, {"nodes": 4, "acquire_s": 1200.0}][i % 3]
+            if job.deadline_s - job.work_s > job.changeover_s + sum(extra.values()) - 4:
+                job = JobSpec(
+                    job.work_s, job.deadline_s, job.changeover_s, tick_s=job.tick_s, **extra
+                )
+            seen = [True, False, None][int(rng.integers(3))]
+            obs = Observation(
+                obs.now,
+                obs.done_s,
+                obs.capacity,
+                seen,
+                changeover_left_s=obs.changeover_left_s,
+                spot_age_s=float(rng.uniform(0, 5 * HOUR)),
+                spot_unseen_s=0.0 if seen is not None else float(rng.uniform(0, HOUR)),
+                spot_seen=seen if seen is not None else bool(rng.random() < 0.5),
+            )
+            d = policy.decide(job, obs)
+            assert d.reason and "{" not in d.reason, (name, d)
