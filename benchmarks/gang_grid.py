@@ -140,13 +140,7 @@ def report(rows: list[dict], label: str, observe: list[str] = OBSERVE) -> list[s
                 )
     print("(partial: a partial gang's held nodes, % of the all-on-demand cost; in probe $ too)")
     for obs in observe:
-        edges, gaps = [], []
-        for dl in DEADLINES:
-            da = summ[("deadline_aware", dl, obs)]
-            best = max(summ[(p, dl, obs)]["savings"] for p in ("greedy", "uniform_progress"))
-            edges.append(100 * (da["savings"] - best))
-            gaps.append(100 * da["gap_to_omniscient"])
-        misses = sum(summ[(p, dl, obs)]["misses"] for p in ONLINE for dl in DEADLINES)
+        edges, gaps, misses = targets(summ, obs)
         mean_gap = float(np.mean(gaps))
         print(
             f"targets, {obs}: misses {misses} (0); deadline_aware over the better baseline "
@@ -162,6 +156,27 @@ def report(rows: list[dict], label: str, observe: list[str] = OBSERVE) -> list[s
     return missed
 
 
+def targets(summ: dict, obs: str) -> tuple[list[float], list[float], int]:
+    """Per deadline, deadline_aware's lead over the better of greedy and uniform_progress and
+    its gap to the optimum (points, %), and the three policies' misses, under ``obs``."""
+    edges, gaps = [], []
+    for dl in DEADLINES:
+        da = summ[("deadline_aware", dl, obs)]
+        best = max(summ[(p, dl, obs)]["savings"] for p in ("greedy", "uniform_progress"))
+        edges.append(100 * (da["savings"] - best))
+        gaps.append(100 * da["gap_to_omniscient"])
+    misses = sum(summ[(p, dl, obs)]["misses"] for p in ONLINE for dl in DEADLINES)
+    return edges, gaps, misses
+
+
+def reservation_first(delay: Acquire) -> Gang:
+    """The product's Kubernetes setting on Karpenter (``preset="karpenter-reserved"``):
+    Karpenter launches reserved capacity first, so every on-demand launch waits the
+    reservation's 5 min; a partial gang ended when Karpenter says it cannot finish."""
+    return Gang(acquire=delay, reserved_s=RESERVED_S, partial_end_s=CAPACITY_SETTLE_S,
+                reserved_first=True)  # fmt: skip
+
+
 def spread(counts: list, seeds: list[int], per_zone: int, workers: int) -> None:
     """The product's setting (the reservation taken first, a partial gang ended, cluster view)
     on other sets of windows: how much of its gap is the draw of windows. Each seed cuts its
@@ -173,18 +188,11 @@ def spread(counts: list, seeds: list[int], per_zone: int, workers: int) -> None:
     print(head + "\n" + "-" * len(head))
     means, costs = [], [0.0, 0.0]
     for seed in seeds:
-        gang = Gang(acquire=Acquire(20 * 60.0, 5 * 60.0, seed=seed), reserved_s=RESERVED_S,
-                    partial_end_s=CAPACITY_SETTLE_S, reserved_first=True)  # fmt: skip
+        gang = reservation_first(Acquire(20 * 60.0, 5 * 60.0, seed=seed))
         rows = run(windows(counts, per_zone, seed), gang, workers, [*ONLINE, OMNISCIENT],
                    ["cluster"])  # fmt: skip
-        summ = {(r["policy"], r["deadline_h"]): r for r in summarise(rows)}
-        gaps = [100 * summ[("deadline_aware", dl)]["gap_to_omniscient"] for dl in DEADLINES]
-        leads = [
-            100 * (summ[("deadline_aware", dl)]["savings"]
-                   - max(summ[(p, dl)]["savings"] for p in ("greedy", "uniform_progress")))
-            for dl in DEADLINES
-        ]  # fmt: skip
-        misses = sum(summ[(p, dl)]["misses"] for p in ONLINE for dl in DEADLINES)
+        summ = {(r["policy"], r["deadline_h"], r["observe"]): r for r in summarise(rows)}
+        leads, gaps, misses = targets(summ, "cluster")
         means.append(float(np.mean(gaps)))
         for r in rows:
             if r["policy"] in ("deadline_aware", OMNISCIENT):
@@ -251,7 +259,7 @@ def main() -> None:
     # the reservation first, as the Kubernetes backend's preset="karpenter-reserved" has it
     # (Karpenter launches reserved capacity first while the reservation lasts): every
     # on-demand launch waits the reservation's 5 min; the optimum's delays are the same
-    first = Gang(acquire=delay, reserved_s=RESERVED_S, partial_end_s=end, reserved_first=True)
+    first = reservation_first(delay)
     rows = run(traces, first, args.workers, ONLINE, OBSERVE)
     label = (
         f"the same delays, the reserved pool taken first (preset karpenter-reserved; "

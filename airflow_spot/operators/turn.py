@@ -288,11 +288,9 @@ class Turn:
 
         A spot return granted while on-demand trains on reads as spot launching, with
         ``overlap`` (as the simulator has it); one still waiting for capacity, as on-demand.
-        Once it took over (``ready_at``), it reads as running spot, with no changeover left,
-        as the replay hands over only when the launch's changeover is paid: what is left is
-        the restore of the checkpoint on-demand just saved. Read as a launch with changeover
-        left, the safety net judged it as a new launch and called it off for a new on-demand
-        launch, which pays a whole changeover (the demo's attempt 6, 2026-12-07)."""
+        Once it took over (``ready_at``), it reads as running spot, no changeover left, as the
+        replay hands over only when the launch is paid: read as a launch, the safety net
+        called it off for a new on-demand launch, which pays a whole changeover."""
         st, live = self.state, self.state.live
         coming = st.coming
         overlap = coming is not None and coming.granted_at is not None

@@ -78,10 +78,9 @@ def deadline_od(job: JobSpec, obs: Observation) -> Decision:
     """On-demand to meet the deadline, the reason saying what the slack must cover (the
     changeover and the look in hours: a live job's measured changeover and its look may be
     hours of market time, a gang's ranks joining replayed fast) and what else is kept."""
-    kept = job.failure_reserve_s + job.acquire_s
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
     step = (job.changeover_s / HOUR, job.tick_s / HOUR)
-    if kept > 0.0:  # the slack may be hours: say what it is kept for
+    if kept_s(job) > 0.0:  # the slack may be hours: say what it is kept for
         if job.failure_reserve_s > 0.0:
             return Decision(
                 Capacity.ON_DEMAND, "safety_reserve", (slack_h, job.failure_reserve_s / HOUR, *step)

@@ -95,7 +95,7 @@ class Greedy(Policy):
         if _slack_gone(job, obs):
             if obs.capacity is Capacity.SPOT and obs.spot_available is not False:
                 return STAY_SPOT
-            return _safety_od(job, obs)  # (a spot request still waiting while spot is down too)
+            return deadline_od(job, obs)  # (a spot request still waiting while spot is down too)
         if obs.spot_available is None:
             return ask_spot(obs)
         return SPOT_UP if obs.spot_available else _wait(job, obs)
@@ -155,7 +155,7 @@ class UniformProgress(Policy):
                     look=would_return,
                 )
         if obs.capacity is not Capacity.SPOT and _slack_gone(job, obs):
-            choice = _safety_od(job, obs)
+            choice = deadline_od(job, obs)
         return choice
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:
@@ -285,8 +285,3 @@ def _slack_kept(job: JobSpec, obs: Observation) -> bool:
     """The slack is not gone at the next look whatever progress this interval makes: the work
     plus two changeovers fits in one interval fewer than are left (exact arithmetic only)."""
     return ticks_needed(job, obs, 2) < ticks_left(job, obs) - 1
-
-
-def _safety_od(job: JobSpec, obs: Observation) -> Decision:
-    """The net's own on-demand (its rule and its reason), taken a look early."""
-    return deadline_od(job, obs)

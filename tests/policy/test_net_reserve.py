@@ -245,7 +245,7 @@ def test_every_reason_of_every_policy_renders() -> None:
                 )
                 job = fixed
             extra = [{}, {"failure_reserve_s": 900.0}, {"nodes": 4, "acquire_s": 1200.0}][i % 3]
-            if job.deadline_s - job.work_s > job.changeover_s + sum(extra.values()) - 4:
+            if job.slack_s >= job.changeover_s + extra.get("acquire_s", 0.0):  # feasible
                 job = JobSpec(
                     job.work_s, job.deadline_s, job.changeover_s, tick_s=job.tick_s, **extra
                 )
