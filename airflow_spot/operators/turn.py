@@ -286,17 +286,20 @@ class Turn:
     def _observe(self, now: float, p: Progress, job: JobSpec, view: SpotView) -> Observation:
         """What the policy sees now; a deadline that cannot be met any more is an error.
 
-        A spot return granted while on-demand trains on reads as spot launching, with
-        ``overlap`` (as the simulator has it); one still waiting for capacity, as on-demand.
-        Once it took over (``ready_at``), it reads as running spot, no changeover left, as the
-        replay hands over only when the launch is paid: read as a launch, the safety net
-        called it off for a new on-demand launch, which pays a whole changeover."""
+        A spot return granted reads as spot launching, with ``overlap`` while on-demand
+        trains under it (as the simulator has it: one still paying its own launch makes no
+        progress, so the safety net judges the return as a launch with nothing under it); one
+        still waiting for capacity, as on-demand. Once it took over (``ready_at``), it reads as
+        running spot, no changeover left, as the replay hands over only when the launch is
+        paid: read as a launch, the safety net called it off for a new on-demand launch, which
+        pays a whole changeover."""
         st, live = self.state, self.state.live
         coming = st.coming
-        overlap = coming is not None and coming.granted_at is not None
+        returning = coming is not None and coming.granted_at is not None
+        overlap = returning and live is not None and live.started_at is not None
         cap = Capacity(live.capacity) if live else Capacity.NONE
         left = 0.0
-        if overlap and coming is not None:
+        if returning and coming is not None:
             cap = Capacity.SPOT
             left = max(0.0, p.changeover - st.market_s(now) + st.market_s(coming.granted_at or now))
         elif live is not None and live.started_at is None and live.ready_at is None:

@@ -68,8 +68,10 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
         # a running spot instance's next interval of progress is certain: the net let it
         # begin, and calling it off a look later for the live rate's drift only paid its
         # launch. A make-before-break return goes on as surely only while the slack is short
-        # by less than a look: on-demand may still be paying its own launch under it (no
-        # progress), and once spot takes over a loss needs a whole on-demand changeover
+        # by less than a look: once spot takes over, a loss needs a whole on-demand
+        # changeover. ``overlap`` means on-demand *trains* under the return: one still paying
+        # its own launch (a gang's reserved boot outlasts spot's launch) makes no progress,
+        # and the caller shows that return as a launch with nothing under it
         return choice
     return deadline_od(job, obs)
 

@@ -250,15 +250,19 @@ def _replay(
             seg.close("deadline")
             ovl.close("deadline")
             break
+        # the policy sees an overlap only while on-demand trains under the return: one still
+        # paying its own launch (a gang's reserved boot outlasts spot's) makes no progress, so
+        # the return reads as a spot launch with nothing under it (the net's rule for those)
+        trains = overlap and od_rro <= EPS
         if seen:  # spot's state and age seen now, as runs.observation(...) builds it
             obs = observation(
                 now, done, cur, has, rro, preemptions, now - runs.since, down,
-                last_run[True], last_run[False], 0.0, has, source, overlap,
+                last_run[True], last_run[False], 0.0, has, source, trains,
             )  # fmt: skip
         else:  # spot's state and age as last seen, and how long ago
             obs = observation(
                 now, done, cur, None, rro, preemptions, runs.seen_at - runs.since, down,
-                last_run[True], last_run[False], now - runs.seen_at, runs.up, source, overlap,
+                last_run[True], last_run[False], now - runs.seen_at, runs.up, source, trains,
             )  # fmt: skip
         decision = decide(job, obs)
         req = decision.capacity

@@ -69,3 +69,28 @@ def test_a_spot_attempt_that_took_over_reads_as_running_spot(tmp_path: Path) -> 
         # spot that took over trains on; a launch still in its changeover gives way
         kept = safety_net(job, obs, Decision(Capacity.SPOT, "dp_spot", (0.0, 0.0)))
         assert kept.capacity is (Capacity.SPOT if ready else Capacity.ON_DEMAND), kept
+
+
+def test_a_return_over_an_on_demand_launch_not_done_reads_without_overlap(tmp_path: Path) -> None:
+    """A return granted while on-demand still pays its own launch (a gang's nodes booting):
+    spot launching with nothing training under it, so the net calls it off where a slack a
+    hair short would let a return over training on-demand go on. The replay missed by 2 min
+    once, a return handed over at the look where on-demand's launch ended, with no progress."""
+    p = Progress(STEPS, 400, 400, SPS, CHANGEOVER)
+    for trains in (True, False):
+        st = JobState(started_at=0.0, deadline_at=62 * 3600.0, total_steps=STEPS)
+        turn = _turn(tmp_path, st)
+        job = turn._job(p)
+        need = job.work_s - 400 * SPS + job.changeover_s + job.failure_reserve_s + job.acquire_s
+        now = job.deadline_s - need - 0.5 * job.tick_s
+        od = AttemptRecord(1, "on_demand", AttemptHandle(run_dir="/r/1"), now - 2400.0)
+        od.granted_at = now - 2400.0
+        od.started_at = now - 600.0 if trains else None
+        spot = AttemptRecord(2, "spot", AttemptHandle(run_dir="/r/2"), now - 600.0)
+        spot.granted_at = now - 600.0
+        st.attempts, st.current, st.incoming = [od, spot], 0, 1
+        obs = turn._observe(now, p, job, SpotView.now(True, 9000.0, "attempt"))
+        assert (obs.capacity, obs.overlap) == (Capacity.SPOT, trains)
+        assert obs.changeover_left_s == CHANGEOVER - 600.0
+        kept = safety_net(job, obs, Decision(Capacity.SPOT, "dp_spot", (0.0, 0.0)))
+        assert kept.capacity is (Capacity.SPOT if trains else Capacity.ON_DEMAND), kept
