@@ -22,7 +22,7 @@ GANGS = {
     "reservation first": FIRST,
     "escalated to a reservation": Gang(
         acquire=Acquire(1200, 300, seed=5), reserved_s=GAP, partial_end_s=15.0
-    ),  # fmt: skip
+    ),
 }
 
 
