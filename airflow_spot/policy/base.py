@@ -76,21 +76,21 @@ def safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decision:
     return deadline_od(job, obs)
 
 
-def deadline_od(job: JobSpec, obs: Observation) -> Decision:
+def deadline_od(job: JobSpec, obs: Observation, changeovers: int = 1) -> Decision:
     """On-demand to meet the deadline, the reason saying what the slack must cover (the
-    changeover and the look in hours: a live job's measured changeover and its look may be
-    hours of market time, a gang's ranks joining replayed fast) and what else is kept."""
+    ``changeovers`` kept, the net's one or the baselines' two, and the look, in hours: a live
+    job's measured changeover and its look may be hours of market time, a gang's ranks
+    joining replayed fast), what else is kept, and that time is counted in whole looks (a
+    slack above the sum may still fall short by up to two looks)."""
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
-    step = (job.changeover_s / HOUR, job.tick_s / HOUR)
+    what = "a changeover" if changeovers == 1 else f"{changeovers} changeovers"
+    co_h, tick_h = changeovers * job.changeover_s / HOUR, job.tick_s / HOUR
     if kept_s(job) > 0.0:  # the slack may be hours: say what it is kept for
-        if job.failure_reserve_s > 0.0:
-            return Decision(
-                Capacity.ON_DEMAND, "safety_reserve", (slack_h, job.failure_reserve_s / HOUR, *step)
-            )
-        return Decision(
-            Capacity.ON_DEMAND, "safety_acquire", (slack_h, job.acquire_s / HOUR, *step)
-        )
-    return Decision(Capacity.ON_DEMAND, "safety", (slack_h, *step))
+        reserve = job.failure_reserve_s > 0.0
+        rule = "safety_reserve" if reserve else "safety_acquire"
+        kept_h = (job.failure_reserve_s if reserve else job.acquire_s) / HOUR
+        return Decision(Capacity.ON_DEMAND, rule, (slack_h, kept_h, co_h, tick_h, what))
+    return Decision(Capacity.ON_DEMAND, "safety", (slack_h, co_h, tick_h, what))
 
 
 def ask_spot(obs: Observation) -> Decision:

@@ -95,7 +95,7 @@ class Greedy(Policy):
         if _slack_gone(job, obs):
             if obs.capacity is Capacity.SPOT and obs.spot_available is not False:
                 return STAY_SPOT
-            return deadline_od(job, obs)  # (a spot request still waiting while spot is down too)
+            return deadline_od(job, obs, 2)  # (a spot request still waiting while spot is down too)
         if obs.spot_available is None:
             return ask_spot(obs)
         return SPOT_UP if obs.spot_available else _wait(job, obs)
@@ -155,7 +155,7 @@ class UniformProgress(Policy):
                     look=would_return,
                 )
         if obs.capacity is not Capacity.SPOT and _slack_gone(job, obs):
-            choice = deadline_od(job, obs)
+            choice = deadline_od(job, obs, 2)
         return choice
 
     def steady(self, job: JobSpec, obs: Observation, decision: Decision) -> int:

@@ -329,9 +329,9 @@ REASONS: dict[str, str] = {
     "hysteresis": "on on-demand and not yet {0:.2f} h ahead of the line: stay",
     "budget_spent": "{0} preemptions spent the budget of {1}: on-demand for the rest",
     "spot_ask": "spot unseen ({0}): ask for it (the request waits unbilled if spot is down)",
-    "safety": "slack {0:.2f} h would not cover a changeover ({1:.2f} h) and the next look ({2:.2f} h): on-demand to meet the deadline",
-    "safety_acquire": "slack {0:.2f} h would not cover a changeover ({2:.2f} h), the next look ({3:.2f} h) and the {1:.2f} h to acquire the gang's on-demand nodes: on-demand to meet the deadline",
-    "safety_reserve": "slack {0:.2f} h would not cover a changeover ({2:.2f} h), the next look ({3:.2f} h) and the {1:.2f} h kept for application failures: on-demand to meet the deadline",
+    "safety": "slack {0:.2f} h would not cover {3} ({1:.2f} h) and the next look, counted in whole looks of {2:.2f} h: on-demand to meet the deadline",
+    "safety_acquire": "slack {0:.2f} h would not cover {4} ({2:.2f} h), the {1:.2f} h to acquire the gang's on-demand nodes and the next look, counted in whole looks of {3:.2f} h: on-demand to meet the deadline",
+    "safety_reserve": "slack {0:.2f} h would not cover {4} ({2:.2f} h), the {1:.2f} h kept for application failures and the next look, counted in whole looks of {3:.2f} h: on-demand to meet the deadline",
 }
 REASONS.update(
     {

@@ -36,8 +36,10 @@ def _old_safety_net(job: JobSpec, obs: Observation, choice: Decision) -> Decisio
     ):
         return choice
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
-    # (the reason's arguments as they are now: the changeover and the look, in hours)
-    return Decision(Capacity.ON_DEMAND, "safety", (slack_h, job.changeover_s / HOUR, tick / HOUR))
+    # (the reason's arguments as they are now: the changeover and the look in hours, and
+    # how many changeovers)
+    step = (job.changeover_s / HOUR, tick / HOUR, "a changeover")
+    return Decision(Capacity.ON_DEMAND, "safety", (slack_h, *step))
 
 
 def _old_ticks_needed(job: JobSpec, obs: Observation, changeovers: int = 1) -> int:
@@ -133,7 +135,7 @@ def test_with_a_reserve_the_net_counts_it() -> None:
             assert "{" not in got.reason
             # what the slack must cover, in hours (a live job's may be hours of market time)
             assert f"a changeover ({job.changeover_s / HOUR:.2f} h)" in got.reason
-            assert f"the next look ({job.tick_s / HOUR:.2f} h)" in got.reason
+            assert f"counted in whole looks of {job.tick_s / HOUR:.2f} h" in got.reason
 
 
 def _first_on_demand(job: JobSpec) -> int:

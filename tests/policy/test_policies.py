@@ -9,7 +9,8 @@ import pytest
 
 from airflow_spot.exceptions import UnknownPolicy
 from airflow_spot.policy import HOUR, Capacity, JobSpec, Observation, get_policy, policy_names
-from airflow_spot.policy.base import Policy, register
+from airflow_spot.policy.base import Policy, register, safety_net
+from airflow_spot.policy.model import Decision
 from airflow_spot.simulate import Trace, replay
 
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND
@@ -159,3 +160,18 @@ def test_unsafe_baseline_can_miss() -> None:
 
     result = replay(Reckless(), Trace("dead", 600.0, np.zeros(554, dtype=bool)), JOB)
     assert not result.met
+
+
+def test_the_baselines_fallback_says_it_keeps_two_changeovers() -> None:
+    """Greedy and uniform_progress go on-demand while the slack still covers the net's one
+    changeover: their reason names the two they keep, in whole looks (the gang demo printed a
+    slack of 59.08 h that "would not cover" 45.14 h, for one changeover where two were kept)."""
+    job = JobSpec(10 * HOUR, 12 * HOUR, 1800.0, tick_s=600.0)
+    look = obs(0.95, 0, spot=False)  # 1.05 h of slack: two changeovers and a look do not fit
+    for name in ("greedy", "uniform_progress"):
+        d = get_policy(name).decide(job, look)
+        assert d.capacity is OD and d.rule == "safety", (name, d)
+        assert "would not cover 2 changeovers (1.00 h)" in d.reason, d.reason
+        assert "counted in whole looks of 0.17 h" in d.reason, d.reason
+    net = safety_net(job, look, Decision(NONE, "wait"))
+    assert net.capacity is NONE  # the net keeps one changeover: that still fits
