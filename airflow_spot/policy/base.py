@@ -85,12 +85,16 @@ def deadline_od(job: JobSpec, obs: Observation, changeovers: int = 1) -> Decisio
     slack_h = (job.deadline_s - obs.now - (job.work_s - obs.done_s)) / HOUR
     what = "a changeover" if changeovers == 1 else f"{changeovers} changeovers"
     co_h, tick_h = changeovers * job.changeover_s / HOUR, job.tick_s / HOUR
-    if kept_s(job) > 0.0:  # the slack may be hours: say what it is kept for
-        reserve = job.failure_reserve_s > 0.0
-        rule = "safety_reserve" if reserve else "safety_acquire"
-        kept_h = (job.failure_reserve_s if reserve else job.acquire_s) / HOUR
-        return Decision(Capacity.ON_DEMAND, rule, (slack_h, kept_h, co_h, tick_h, what))
-    return Decision(Capacity.ON_DEMAND, "safety", (slack_h, co_h, tick_h, what))
+    step = (co_h, tick_h, what)
+    if job.failure_reserve_s > 0.0:  # the slack may be hours: say what it is kept for
+        also = f", the {job.acquire_s / HOUR:.2f} h to acquire the gang's on-demand nodes"
+        kept = (slack_h, job.failure_reserve_s / HOUR, *step, also if job.acquire_s else "")
+        return Decision(Capacity.ON_DEMAND, "safety_reserve", kept)
+    if job.acquire_s > 0.0:
+        return Decision(
+            Capacity.ON_DEMAND, "safety_acquire", (slack_h, job.acquire_s / HOUR, *step)
+        )
+    return Decision(Capacity.ON_DEMAND, "safety", (slack_h, *step))
 
 
 def ask_spot(obs: Observation) -> Decision:

@@ -331,7 +331,7 @@ REASONS: dict[str, str] = {
     "spot_ask": "spot unseen ({0}): ask for it (the request waits unbilled if spot is down)",
     "safety": "slack {0:.2f} h would not cover {3} ({1:.2f} h) and the next look, counted in whole looks of {2:.2f} h: on-demand to meet the deadline",
     "safety_acquire": "slack {0:.2f} h would not cover {4} ({2:.2f} h), the {1:.2f} h to acquire the gang's on-demand nodes and the next look, counted in whole looks of {3:.2f} h: on-demand to meet the deadline",
-    "safety_reserve": "slack {0:.2f} h would not cover {4} ({2:.2f} h), the {1:.2f} h kept for application failures and the next look, counted in whole looks of {3:.2f} h: on-demand to meet the deadline",
+    "safety_reserve": "slack {0:.2f} h would not cover {4} ({2:.2f} h), the {1:.2f} h kept for application failures{5} and the next look, counted in whole looks of {3:.2f} h: on-demand to meet the deadline",
 }
 REASONS.update(
     {

@@ -60,9 +60,11 @@ def test_the_net_goes_on_demand_the_margin_earlier(margin_ticks: int) -> None:
     assert (
         d.rule == "safety_acquire" and f"{margin_ticks * TICK / HOUR:.2f} h to acquire" in d.reason
     )
-    # a reserve for application failures is named first; both are kept
+    # a reserve for application failures is named first; both are kept, and both said
     both = replace(gang, failure_reserve_s=600.0)
-    assert safety_net(both, late, wait).rule == "safety_reserve"
+    d = safety_net(both, late, wait)
+    assert d.rule == "safety_reserve" and "0.17 h kept for application failures" in d.reason
+    assert f"the {margin_ticks * TICK / HOUR:.2f} h to acquire the gang's" in d.reason
     assert kept_s(both) == 600.0 + margin_ticks * TICK
 
 
