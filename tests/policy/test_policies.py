@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 
 from airflow_spot.exceptions import UnknownPolicy
-from airflow_spot.policy import HOUR, Capacity, JobSpec, Observation, get_policy, policy_names
+from airflow_spot.policy import (
+    HOUR,
+    Capacity,
+    Decision,
+    JobSpec,
+    Observation,
+    get_policy,
+    policy_names,
+)
 from airflow_spot.policy.base import Policy, register, safety_net
-from airflow_spot.policy.model import Decision
 from airflow_spot.simulate import Trace, replay
 
 NONE, SPOT, OD = Capacity.NONE, Capacity.SPOT, Capacity.ON_DEMAND

@@ -15,8 +15,9 @@ from airflow_spot.simulate.gang import Acquire, Gang
 from airflow_spot.simulate.traces import Trace
 
 GAP, D = 300.0, 720.0
-FIRST = Gang(acquire=Acquire(1200, 300, seed=3), reserved_s=GAP, partial_end_s=15.0,
-             reserved_first=True)  # fmt: skip
+FIRST = Gang(
+    acquire=Acquire(1200, 300, seed=3), reserved_s=GAP, partial_end_s=15.0, reserved_first=True
+)
 GANGS = {
     "one node": None,
     "reservation first": FIRST,
