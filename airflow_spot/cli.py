@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--capacity-check",
         action="store_true",
-        help="probe with a free capacity check (no placeholder nodes billed)",
+        help="probe with a free N-node check that sees the market (no placeholder nodes "
+        "billed): a bound, as no autoscaler offers it for spot nodes that scale from zero",
     )
     sim.add_argument("--gap", type=_hours_arg("--gap"), help="resample to this tick (e.g. 600s)")
     sim.add_argument(

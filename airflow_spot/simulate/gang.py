@@ -20,8 +20,10 @@ the rules of one node (:mod:`.engine`), and these costs on top:
   nodes there are only that long after each look that asks, not the whole interval; the
   request asked again at the next look (if the policy does) is a new launch;
 * **a probe** costs ``N`` placeholders when it finds capacity (``probe="placeholders"``), or
-  nothing where the cluster has a free capacity check (``probe="check"``, cluster-autoscaler's
-  ``check-capacity.kubernetes.io``: no placeholder); with the check, a gang waits for spot
+  nothing with a free N-node check that sees the market (``probe="check"``: a bound, not a
+  cluster; cluster-autoscaler's ``check-capacity`` ProvisioningRequest sees only nodes already
+  in the cluster and never scales up, and its atomic scale-up class provisions the nodes, so
+  its find costs what placeholders' does); with the check, a gang waits for spot
   with checks, not a request (it asks for spot at the look that sees all ``N`` there,
   granted then), so it holds no partial gang either;
 * **on-demand acquisition** (:class:`Acquire`): ``N`` on-demand nodes may take a while to

@@ -1,13 +1,17 @@
 """What the policy sees of a spot attempt that took over from on-demand (a make-before-break
 return, handed over) while it restores the checkpoint on-demand saved: running spot, as the
 replay hands over only once the launch's changeover is paid, so the safety net does not call
-it off for a new on-demand launch."""
+it off for a new on-demand launch. And a return still waiting for capacity when the on-demand
+attempt under it ends (a failure): on-demand launches again, the waiting request kept as the
+look."""
 
 from __future__ import annotations
 
 import sys
 from datetime import timedelta
 from pathlib import Path
+
+import pytest
 
 from airflow_spot.backends.local import LocalBackend
 from airflow_spot.jobstate import AttemptHandle, AttemptRecord, JobState
@@ -94,3 +98,26 @@ def test_a_return_over_an_on_demand_launch_not_done_reads_without_overlap(tmp_pa
         assert obs.changeover_left_s == CHANGEOVER - 600.0
         kept = safety_net(job, obs, Decision(Capacity.SPOT, "dp_spot", (0.0, 0.0)))
         assert kept.capacity is (Capacity.SPOT if trains else Capacity.ON_DEMAND), kept
+
+
+@pytest.mark.parametrize("od_ended", [True, False])
+def test_on_demand_launches_again_under_a_waiting_return(tmp_path: Path, od_ended) -> None:
+    """The policy asks for on-demand and a look while a return to spot waits, ungranted. With
+    on-demand training under it, the request is the look and nothing changes; with the
+    on-demand attempt ended (its trainer failed), on-demand launches again and the request
+    stays the look. Before, nothing launched: the job sat idle, look after look, until its
+    deadline could not be met any more (CI found it under load in test_failure_reserve)."""
+    st = JobState(started_at=0.0, deadline_at=62 * 3600.0, total_steps=STEPS)
+    turn = _turn(tmp_path, st)
+    od = AttemptRecord(1, "on_demand", AttemptHandle(run_dir="/r/1"), 0.0, started_at=60.0)
+    spot = AttemptRecord(2, "spot", AttemptHandle(run_dir="/r/2"), 3000.0)  # not granted
+    st.attempts, st.current, st.incoming = [od, spot], 0, 1
+    if od_ended:
+        od.ended_at, od.outcome, st.current = 3300.0, "app_failure", None
+    launched, called_off = [], []
+    turn.attempt.launch = lambda cap, job, hold=False: launched.append((cap, hold))
+    turn.attempt.stop_coming = called_off.append
+    job = turn._job(Progress(STEPS, 400, 400, SPS, CHANGEOVER))
+    turn.act(Decision(Capacity.ON_DEMAND, "dp_od", (1.8, 7.9, -0.4), look=True), job, 3400.0)
+    assert launched == ([(Capacity.ON_DEMAND, False)] if od_ended else [])
+    assert called_off == [] and st.coming is spot

@@ -97,8 +97,11 @@ class KubernetesBackend(SeesSpotOnCluster):
     :param gang_timeout_s: a gang not on all its nodes this long is deleted (spot unavailable).
     :param gang_settle_s: how long a rank's failure waits for a reclaim that would explain it.
     :param capacity_check: how a spot gang's N nodes are asked for before its gates lift:
-        ``"placeholders"`` (N placeholder pods) or ``"provisioning-request"`` (a check-capacity
-        ProvisioningRequest, where cluster-autoscaler runs).
+        ``"placeholders"`` (N placeholder pods), ``"atomic-scale-up"`` (a
+        best-effort-atomic-scale-up ProvisioningRequest: cluster-autoscaler scales up all N at
+        once) or ``"provisioning-request"`` (a check-capacity ProvisioningRequest: it sees only
+        nodes already in the cluster and never scales up, so on spot nodes that scale from
+        zero the gang always falls back to on-demand).
     """
 
     image: str

@@ -62,11 +62,11 @@ def count_claims(
     return claim_count(nodes, names, pod_events, ice, claims, since, now)
 
 
-# -- a check-capacity ProvisioningRequest ----------------------------------------------------------
+# -- a gang's ProvisioningRequest -----------------------------------------------------------------
 PR_HINT = (
-    " (capacity_check='provisioning-request' needs create, get and delete on podtemplates and "
-    "on provisioningrequests (autoscaling.x-k8s.io) in the training namespace; see "
-    "docker/rbac.yaml)"
+    " (capacity_check='atomic-scale-up' or 'provisioning-request' needs create, get and delete "
+    "on podtemplates and on provisioningrequests (autoscaling.x-k8s.io) in the training "
+    "namespace; see docker/rbac.yaml)"
 )
 
 

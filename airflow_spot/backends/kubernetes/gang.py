@@ -13,8 +13,8 @@ its timeout deleted, the ranks still running once the verdict is in stopped. A h
 
 While a spot gang waits behind its gate, its capacity is read as an observation ("N seen",
 "fewer than N", unknown) into the status's ``evidence["capacity"]``: Karpenter's NodeClaims for
-its placeholders (:mod:`.capacity_signals`), or with ``capacity_check="provisioning-request"``
-the ``check-capacity`` ProvisioningRequest that gates it instead of placeholders
+its placeholders (:mod:`.capacity_signals`), or with ``capacity_check="atomic-scale-up"`` (or
+``"provisioning-request"``) the ProvisioningRequest that gates it instead of placeholders
 (:mod:`.provisioning`), whose ``Provisioned=True`` grants the gang's capacity (the gates lift);
 read by :mod:`.gang_capacity`. A "fewer than N" that stands with no launch on its way ends the
 gang before its timeout, given up as the timeout gives it up (:func:`.gating.short_of_n`).
@@ -49,7 +49,7 @@ from airflow_spot.backends.kubernetes.gating import (
 )
 from airflow_spot.backends.kubernetes.podread import found_attempt, launched_attempt, same_object
 from airflow_spot.backends.kubernetes.provisioning import (
-    PROVISIONING_REQUEST,
+    CLASSES,
     build_pod_template,
     build_request,
     check_capacity_check,
@@ -108,7 +108,8 @@ class Gang:
         self.b = backend
         self.n = int(backend.nodes)
         self.api = GangApi(backend.api)
-        self.by_request = backend.capacity_check == PROVISIONING_REQUEST
+        self.request_class = CLASSES.get(backend.capacity_check)  # None: placeholders
+        self.by_request = self.request_class is not None
         self.capacity: GangCapacity | None = None  # what the last look saw of the gang's N
 
     # -- launching ----------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class Gang:
         key = f"{ident.dag_id}/{ident.task_id}/{ident.run_id}/{ident.map_index}"
         port, spot = rendezvous_port(key, attempt), capacity == "spot"
         if spot and self.by_request:
-            body = consume(body, name)
+            body = consume(body, name, self.request_class or "")
         job = self.api.create_job(build_job(body, name=name, nodes=self.n, port=port, gated=spot))
         uid = job.metadata.uid
         self.api.create_service(build_service(name, uid, port, labels))
@@ -158,7 +159,9 @@ class Gang:
             create_request(
                 self.b.api,
                 build_pod_template(body, job=name, owner=ref, labels=labels),
-                build_request(job=name, nodes=self.n, owner=ref, labels=labels),
+                build_request(
+                    job=name, nodes=self.n, owner=ref, labels=labels, cls=self.request_class or ""
+                ),
             )
         elif spot:
             self.b.cluster.ensure_priority_class()
@@ -274,7 +277,8 @@ class Gang:
             p.metadata.name for p in self.api.rank_pods(job) if self.api.lift_gate(p.metadata.name)
         ]
         granted = (
-            f"its ProvisioningRequest {request_name(job)} was provisioned (all {self.n} fit)"
+            f"its ProvisioningRequest {request_name(job)} ({self.request_class}) was "
+            f"provisioned (all {self.n} fit, or were asked for together)"
             if self.by_request
             else f"all {self.n} nodes placed"
         )

@@ -4,8 +4,8 @@
 While a spot gang waits behind its gate, its capacity check answers "N seen", "fewer than N"
 or nothing yet: Karpenter's NodeClaims for its placeholders (:mod:`.capacity_signals`, with the
 NodeClaims still on their way that may yet bring a node), or with
-``capacity_check="provisioning-request"`` the ``check-capacity`` ProvisioningRequest that gates
-it instead (:mod:`.provisioning`), whose "N seen" the Job records as the grant (the gates lift
+``capacity_check="atomic-scale-up"`` (or ``"provisioning-request"``) the ProvisioningRequest that
+gates it instead (:mod:`.provisioning`), whose "N seen" the Job records as the grant (the gates lift
 on it). The verdict (:func:`.gang_verdict.judge_gang`) shows the answer and ends the gang early
 on a "fewer than N" that stands (:func:`.gating.short_of_n`). Imported when first used (its
 reads import the Kubernetes client).

@@ -1,14 +1,27 @@
 """A gang's capacity asked of cluster-autoscaler: a ``check-capacity`` ProvisioningRequest (pure).
 
 Where cluster-autoscaler runs with ``--enable-provisioning-requests``, a spot gang can be gated
-on a ProvisioningRequest instead of N placeholder pods (``capacity_check="provisioning-request"``
-on the backend): an ``autoscaling.x-k8s.io/v1`` ProvisioningRequest of class
-:data:`CHECK_CAPACITY` whose one pod set is N copies of the rank pod (a PodTemplate). The
-autoscaler simulates scheduling those N pods on the cluster and answers in the request's
-conditions (cluster-autoscaler's ``provisioningrequest/conditions``):
+on a ProvisioningRequest instead of N placeholder pods: an ``autoscaling.x-k8s.io/v1``
+ProvisioningRequest whose one pod set is N copies of the rank pod (a PodTemplate), of one of
+two classes (cluster-autoscaler's FAQ, "Supported ProvisioningClasses"):
 
-* ``Provisioned=True`` (reason ``CapacityIsFound``): all N fit now ("N seen"); the autoscaler
-  books that capacity for 10 minutes for the pods that carry :data:`CONSUME_ANNOTATION`;
+* ``capacity_check="atomic-scale-up"``: :data:`ATOMIC_SCALE_UP` (cluster-autoscaler >= 1.30.2).
+  The autoscaler scales a node group up for all N at once (atomically where the cloud
+  provider implements ``AtomicIncreaseSize``) and says ``Provisioned=True``
+  (``CapacityIsProvisioned``) once the scale-up is asked: the nodes are still to come, so the
+  gang's timeout still ends a gang whose nodes the cloud does not deliver. This is the one
+  for spot nodes that scale from zero.
+* ``capacity_check="provisioning-request"``: :data:`CHECK_CAPACITY`. The autoscaler only
+  simulates scheduling the N pods on the nodes *already in the cluster*; it never scales up.
+  It sees spot only where spot nodes stand (a fixed spot pool, or nodes another job keeps):
+  on a spot node group that scales from zero it answers ``CapacityIsNotFound`` for ever, and
+  the gang always falls back to on-demand.
+
+The conditions (cluster-autoscaler's ``provisioningrequest/conditions``):
+
+* ``Provisioned=True`` (reason ``CapacityIsFound``, or ``CapacityIsProvisioned`` for the
+  atomic class): all N fit now, or were asked for together ("N seen"); the autoscaler books
+  that capacity for 10 minutes for the pods that carry :data:`CONSUME_ANNOTATION`;
 * ``Provisioned=False`` (``CapacityIsNotFound``: "CA will try to find it later"), or
   ``Failed=True`` with that reason (the request asked not to retry): fewer than N;
 * ``Failed=True`` for another reason, ``BookingExpired`` or ``CapacityRevoked``, or no
@@ -32,11 +45,17 @@ from airflow_spot.exceptions import ConfigError
 
 GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"
 CHECK_CAPACITY = "check-capacity.autoscaling.x-k8s.io"
+ATOMIC_SCALE_UP = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 NOT_FOUND = "CapacityIsNotFound"
-PLACEHOLDERS, PROVISIONING_REQUEST = "placeholders", "provisioning-request"
-CAPACITY_CHECKS = (PLACEHOLDERS, PROVISIONING_REQUEST)
+PLACEHOLDERS, PROVISIONING_REQUEST, ATOMIC = (
+    "placeholders",
+    "provisioning-request",
+    "atomic-scale-up",
+)
+CAPACITY_CHECKS = (PLACEHOLDERS, ATOMIC, PROVISIONING_REQUEST)
+CLASSES = {PROVISIONING_REQUEST: CHECK_CAPACITY, ATOMIC: ATOMIC_SCALE_UP}  # by capacity_check
 UNKNOWN_CONDITIONS = ("BookingExpired", "CapacityRevoked")
 
 
@@ -46,9 +65,11 @@ def check_capacity_check(value: object) -> None:
         raise ConfigError(
             "backend.capacity_check",
             f"must be {PLACEHOLDERS!r} (N placeholder pods at the lowest priority ask the "
-            f"autoscaler for the gang's nodes; works with Karpenter and cluster-autoscaler) or "
-            f"{PROVISIONING_REQUEST!r} (a {CHECK_CAPACITY} ProvisioningRequest; needs "
-            f"cluster-autoscaler with --enable-provisioning-requests), got {value!r}",
+            f"autoscaler for the gang's nodes; works with Karpenter and cluster-autoscaler), "
+            f"{ATOMIC!r} (a {ATOMIC_SCALE_UP} ProvisioningRequest: cluster-autoscaler >= "
+            f"1.30.2 scales up all N at once) or {PROVISIONING_REQUEST!r} (a {CHECK_CAPACITY} "
+            f"ProvisioningRequest: sees only nodes already in the cluster, never scales up); "
+            f"both need cluster-autoscaler with --enable-provisioning-requests; got {value!r}",
         )
 
 
@@ -57,15 +78,15 @@ def request_name(job: str) -> str:
     return f"{job}-capacity"[:253]
 
 
-def consume(pod: Mapping[str, Any], job: str) -> dict[str, Any]:
-    """The rank pod (API JSON) annotated to consume the gang's request (the autoscaler keeps
-    the capacity it booked for the pods that carry it)."""
+def consume(pod: Mapping[str, Any], job: str, cls: str = CHECK_CAPACITY) -> dict[str, Any]:
+    """The rank pod (API JSON) annotated to consume the gang's request of class ``cls`` (the
+    autoscaler keeps the capacity it booked for the pods that carry it)."""
     out = copy.deepcopy(dict(pod))
     meta = out.setdefault("metadata", {})
     meta["annotations"] = {
         **(meta.get("annotations") or {}),
         CONSUME_ANNOTATION: request_name(job),
-        CLASS_ANNOTATION: CHECK_CAPACITY,
+        CLASS_ANNOTATION: cls,
     }
     return out
 
@@ -89,9 +110,14 @@ def build_pod_template(
 
 
 def build_request(
-    *, job: str, nodes: int, owner: Mapping[str, Any], labels: Mapping[str, str]
+    *,
+    job: str,
+    nodes: int,
+    owner: Mapping[str, Any],
+    labels: Mapping[str, str],
+    cls: str = CHECK_CAPACITY,
 ) -> dict[str, Any]:
-    """The ``check-capacity`` ProvisioningRequest for N copies of the PodTemplate."""
+    """The ProvisioningRequest of class ``cls`` for N copies of the PodTemplate."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ProvisioningRequest",
@@ -101,19 +127,20 @@ def build_request(
             "ownerReferences": [dict(owner)],
         },
         "spec": {
-            "provisioningClassName": CHECK_CAPACITY,
+            "provisioningClassName": cls,
             "podSets": [{"podTemplateRef": {"name": request_name(job)}, "count": int(nodes)}],
         },
     }
 
 
 def request_signal(request: Any, nodes: int, pool: str = "") -> SpotSignal | None:
-    """What a ``check-capacity`` request says of the gang's N (see the module's notes): up
-    ("N seen"), down ("fewer than N"), or None (unknown), at the condition's transition."""
+    """What a gang's request says of its N (see the module's notes): up ("N seen"), down
+    ("fewer than N"), or None (unknown), at the condition's transition."""
     pr = as_dict(request)
     if not pr:
         return None
     name = pick(pick(pr, "metadata") or {}, "name")
+    cls = pick(pick(pr, "spec") or {}, "provisioningClassName") or CHECK_CAPACITY
     conds = {pick(c, "type"): c for c in pick(pick(pr, "status") or {}, "conditions") or []}
     if any(pick(conds.get(t) or {}, "status") == "True" for t in UNKNOWN_CONDITIONS):
         return None
@@ -131,8 +158,13 @@ def request_signal(request: Any, nodes: int, pool: str = "") -> SpotSignal | Non
         return None
     what = f"{nodes} seen" if up else f"fewer than {nodes}"
     detail = (
-        f"{what}: ProvisioningRequest {name} ({CHECK_CAPACITY}) "
+        f"{what}: ProvisioningRequest {name} ({cls}) "
         f"{pick(answer, 'type')}={pick(answer, 'status')} {pick(answer, 'reason')}: "
         f"{pick(answer, 'message') or ''}"
     ).rstrip(": ")
+    if not up and cls == CHECK_CAPACITY:  # the one a user may not expect: say what it sees
+        detail += (
+            f" ({CHECK_CAPACITY} sees only nodes already in the cluster and never scales up; "
+            f"for spot nodes that scale from zero use capacity_check={ATOMIC!r})"
+        )
     return SpotSignal(up, at, "autoscaler", pool, detail)

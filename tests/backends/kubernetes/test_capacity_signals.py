@@ -9,7 +9,10 @@ import pytest
 
 from airflow_spot.backends.kubernetes.capacity_signals import claim_count, claim_signal
 from airflow_spot.backends.kubernetes.provisioning import (
+    ATOMIC_SCALE_UP,
     CHECK_CAPACITY,
+    CLASS_ANNOTATION,
+    CLASSES,
     CONSUME_ANNOTATION,
     build_pod_template,
     build_request,
@@ -155,8 +158,29 @@ def test_the_request_and_its_template() -> None:
     assert "annotations" not in pod["metadata"]
 
 
+def test_the_atomic_class_asks_the_autoscaler_to_scale_up() -> None:
+    """``capacity_check="atomic-scale-up"``: the request and the ranks' annotation name the
+    class that scales up (check-capacity sees only the nodes already there); its
+    ``CapacityIsProvisioned`` is the grant, and the signal names the class."""
+    ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "g-a1", "uid": "u"}
+    pr = build_request(job="g-a1", nodes=4, owner=ref, labels={}, cls=ATOMIC_SCALE_UP)
+    assert CLASSES["atomic-scale-up"] == pr["spec"]["provisioningClassName"] == ATOMIC_SCALE_UP
+    assert CLASSES["provisioning-request"] == CHECK_CAPACITY
+    pod = consume({"metadata": {}}, "g-a1", ATOMIC_SCALE_UP)
+    assert pod["metadata"]["annotations"][CLASS_ANNOTATION] == ATOMIC_SCALE_UP
+    got = {**request(cond("Provisioned", "True", "CapacityIsProvisioned")), "spec": pr["spec"]}
+    sig = request_signal(got, 4)
+    assert sig is not None and sig.up and f"({ATOMIC_SCALE_UP})" in sig.detail, sig
+    sig = request_signal(request(cond("Provisioned", "False", "CapacityIsNotFound")), 4)
+    assert sig is not None and f"({CHECK_CAPACITY})" in sig.detail, sig  # no class: the check's
+    assert "never scales up; for spot nodes that scale from zero use capacity_check='atomic" in (
+        sig.detail
+    )
+
+
 def test_capacity_check_values() -> None:
     check_capacity_check("placeholders")
     check_capacity_check("provisioning-request")
+    check_capacity_check("atomic-scale-up")
     with pytest.raises(ConfigError, match="backend.capacity_check"):
         check_capacity_check("check-capacity")

@@ -1,5 +1,6 @@
-"""A spot gang gated on a ``check-capacity`` ProvisioningRequest (``capacity_check=
-"provisioning-request"``) on the real control plane, as docker/rbac.yaml's ServiceAccount.
+"""A spot gang gated on a ProvisioningRequest (``capacity_check="atomic-scale-up"``, class
+``best-effort-atomic-scale-up``, or ``"provisioning-request"``, ``check-capacity``) on the real
+control plane, as docker/rbac.yaml's ServiceAccount.
 
 The API side is real: cluster-autoscaler's ProvisioningRequest CRD (``data/``, bundled from
 kubernetes/autoscaler) is installed on the real API server, which validates the request and
@@ -7,7 +8,8 @@ PodTemplate the backend creates, stores their status, and garbage-collects nothi
 delete. cluster-autoscaler itself does not run: the Go module proxy refuses
 ``k8s.io/autoscaler/cluster-autoscaler`` (403, "This module version is not available"), so it
 cannot be built here the way Karpenter is. The test therefore writes the conditions
-cluster-autoscaler's check-capacity class writes (``Provisioned`` False ``CapacityIsNotFound``
+cluster-autoscaler's classes write (the atomic class says ``CapacityIsProvisioned`` where
+check-capacity says ``CapacityIsFound``; check-capacity's shown here) (``Provisioned`` False ``CapacityIsNotFound``
 "Capacity is not found, CA will try to find it later.", then True ``CapacityIsFound``
 "Capacity is found in the cluster"): that part is emulated. Our kubelet then makes the nodes
 for the ranks once their gates are lifted.
@@ -24,7 +26,9 @@ from airflow_spot.backends.kubernetes.backend import KubernetesBackend
 from airflow_spot.backends.kubernetes.gang_launch import GATE, JOB_NAME_LABEL
 from airflow_spot.backends.kubernetes.gating import GRANTED_ANNOTATION, PLACEHOLDER_LABEL
 from airflow_spot.backends.kubernetes.provisioning import (
+    ATOMIC_SCALE_UP,
     CHECK_CAPACITY,
+    CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
     GROUP,
     PLURAL,
@@ -58,12 +62,20 @@ def until(what: str, fn, timeout: float = 20.0):
     raise AssertionError(f"no {what} within {timeout} s")
 
 
+@pytest.mark.parametrize(
+    ("check", "cls", "found"),
+    [
+        ("atomic-scale-up", ATOMIC_SCALE_UP, "CapacityIsProvisioned"),
+        ("provisioning-request", CHECK_CAPACITY, "CapacityIsFound"),
+    ],
+)
 def test_a_spot_gang_waits_for_its_provisioning_request_then_its_gates_lift(
-    kube_cluster, sa_kubeconfig, crd
+    kube_cluster, sa_kubeconfig, crd, check, cls, found
 ) -> None:
     """The gang's Job carries the consume annotation and its gate; no placeholders, a
-    check-capacity request for N copies of the rank pod instead. Unanswered: unknown;
-    ``CapacityIsNotFound``: "fewer than N" in the status; ``CapacityIsFound``: the grant is
+    request of the class asked for N copies of the rank pod instead. Unanswered: unknown;
+    ``CapacityIsNotFound``: "fewer than N" in the status; ``Provisioned=True`` (the atomic
+    class's ``CapacityIsProvisioned``, check-capacity's ``CapacityIsFound``): the grant is
     recorded at the condition's time and the gates lift, the ranks run. Cancelling deletes the
     request and its PodTemplate."""
     from kubernetes import client
@@ -71,14 +83,14 @@ def test_a_spot_gang_waits_for_its_provisioning_request_then_its_gates_lift(
     cfg, _ = sa_kubeconfig
     b = KubernetesBackend(
         image="ghcr.io/me/train:1", config_file=cfg, namespace=NS, preset="karpenter", gpus=1,
-        nodes=N, capacity_check="provisioning-request", grace_period_s=1,
+        nodes=N, capacity_check=check, grace_period_s=1,
     )  # fmt: skip
     h = b.launch(IDENT, 1, "spot", ["sleep", "600"], checkpoint_uri="file:///tmp/x")
     name, core = request_name(h.pod), kube_cluster.api
     try:
         pr = crd.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
         assert pr["spec"] == {
-            "provisioningClassName": CHECK_CAPACITY,
+            "provisioningClassName": cls,
             "podSets": [{"podTemplateRef": {"name": name}, "count": N}],
         }
         assert pr["metadata"]["ownerReferences"][0]["name"] == h.pod
@@ -89,6 +101,7 @@ def test_a_spot_gang_waits_for_its_provisioning_request_then_its_gates_lift(
             NS, label_selector=f"{JOB_NAME_LABEL}={h.pod}").items) == N else None)  # fmt: skip
         for p in pods:
             assert p.metadata.annotations[CONSUME_ANNOTATION] == name
+            assert p.metadata.annotations[CLASS_ANNOTATION] == cls
             assert [g.name for g in p.spec.scheduling_gates] == [GATE]
         assert not core.list_namespaced_pod(NS, label_selector=f"{PLACEHOLDER_LABEL}={h.pod}").items
         st = look(b, h)
@@ -100,9 +113,10 @@ def test_a_spot_gang_waits_for_its_provisioning_request_then_its_gates_lift(
         cap = st.evidence["capacity"]
         assert st.state is State.WAITING and cap["up"] is False, st
         assert cap["source"] == "autoscaler" and f"fewer than {N}" in cap["detail"], cap
+        assert f"({cls})" in cap["detail"], cap
 
         t0 = time.monotonic()
-        condition(crd, name, "True", "CapacityIsFound", "Capacity is found in the cluster")
+        condition(crd, name, "True", found, "Capacity is found in the cluster")
         granted = crd.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
         at = granted["status"]["conditions"][0]["lastTransitionTime"]
         st = until("the ranks running", lambda: (s := look(b, h)).state is State.RUNNING and s)
@@ -130,5 +144,5 @@ def test_a_spot_gang_waits_for_its_provisioning_request_then_its_gates_lift(
 
 
 def test_a_bad_capacity_check_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match=r"backend.capacity_check.*'provisioning-request'"):
+    with pytest.raises(ConfigError, match=r"backend.capacity_check.*'atomic-scale-up'"):
         KubernetesBackend(image="x", nodes=2, capacity_check="provreq")
