@@ -395,12 +395,10 @@ class Turn:
         if coming is not None:
             if want is Capacity.SPOT:
                 return  # on-demand trains on until the spot attempt is ready to take over
-            if want is Capacity.ON_DEMAND and decision.look and coming.granted_at is None:
-                # still waiting for capacity: the request is the look (unbilled); if the
-                # on-demand attempt under it ended (a failure), on-demand launches again
-                if live is None:
-                    self.attempt.launch(want, job)
-                return
+            waits = coming.granted_at is None and live is not None  # on-demand under it
+            if want is Capacity.ON_DEMAND and decision.look and waits:
+                return  # still waiting for capacity: the request is the look (unbilled)
+            # (nothing live, a trainer failed: the return is called off, on-demand relaunches)
             log.info("Calling off the return to spot: cancelling attempt %d.", coming.attempt)
             self.attempt.stop_coming(f"return called off: {decision.reason}")
         if (

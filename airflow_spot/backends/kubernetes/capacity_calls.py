@@ -1,5 +1,5 @@
 """The API reads behind a gang's capacity signals: Karpenter's NodeClaims for the gang's pods
-(:mod:`.capacity_signals`) and a ``check-capacity`` ProvisioningRequest (:mod:`.provisioning`).
+(:mod:`.capacity_signals`) and the gang's ProvisioningRequest (:mod:`.provisioning`).
 
 Each read goes through the backend's :class:`~.cluster.ClusterView` (a 403 is one warning
 naming the permission, then that source is left out; other failures skip it this time), so a

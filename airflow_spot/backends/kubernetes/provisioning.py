@@ -1,4 +1,4 @@
-"""A gang's capacity asked of cluster-autoscaler: a ``check-capacity`` ProvisioningRequest (pure).
+"""A gang's capacity asked of cluster-autoscaler: a ProvisioningRequest (pure).
 
 Where cluster-autoscaler runs with ``--enable-provisioning-requests``, a spot gang can be gated
 on a ProvisioningRequest instead of N placeholder pods: an ``autoscaling.x-k8s.io/v1``
@@ -9,8 +9,11 @@ two classes (cluster-autoscaler's FAQ, "Supported ProvisioningClasses"):
   The autoscaler scales a node group up for all N at once (atomically where the cloud
   provider implements ``AtomicIncreaseSize``) and says ``Provisioned=True``
   (``CapacityIsProvisioned``) once the scale-up is asked: the nodes are still to come, so the
-  gang's timeout still ends a gang whose nodes the cloud does not deliver. This is the one
-  for spot nodes that scale from zero.
+  gang's timeout (``gang_timeout_s``, counted from that grant: give it the nodes' boot) ends
+  a gang whose nodes the cloud does not deliver. The grant, and so the spot bill and the
+  measured changeover, start at the ask, the nodes' boot inside them. (Where the N pods fit
+  already, it says ``CapacityIsFound`` as check-capacity does.) This is the one for spot
+  nodes that scale from zero.
 * ``capacity_check="provisioning-request"``: :data:`CHECK_CAPACITY`. The autoscaler only
   simulates scheduling the N pods on the nodes *already in the cluster*; it never scales up.
   It sees spot only where spot nodes stand (a fixed spot pool, or nodes another job keeps):
