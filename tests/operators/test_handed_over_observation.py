@@ -2,8 +2,7 @@
 return, handed over) while it restores the checkpoint on-demand saved: running spot, as the
 replay hands over only once the launch's changeover is paid, so the safety net does not call
 it off for a new on-demand launch. And a return still waiting for capacity when the on-demand
-attempt under it ends (a failure): on-demand launches again, the waiting request kept as the
-look."""
+attempt under it ends (a failure): the return is called off and on-demand launches again."""
 
 from __future__ import annotations
 

@@ -109,8 +109,12 @@ class Gang:
         self.n = int(backend.nodes)
         self.api = GangApi(backend.api)
         self.request_class = CLASSES.get(backend.capacity_check)  # None: placeholders
-        self.by_request = self.request_class is not None
         self.capacity: GangCapacity | None = None  # what the last look saw of the gang's N
+
+    @property
+    def by_request(self) -> bool:
+        """Gated on a ProvisioningRequest (not placeholders)."""
+        return self.request_class is not None
 
     # -- launching ----------------------------------------------------------------------------
     def launch(
@@ -149,19 +153,18 @@ class Gang:
         body = self.b.api.as_json(pod)
         key = f"{ident.dag_id}/{ident.task_id}/{ident.run_id}/{ident.map_index}"
         port, spot = rendezvous_port(key, attempt), capacity == "spot"
-        if spot and self.by_request:
-            body = consume(body, name, self.request_class or "")
+        cls = self.request_class if spot else None  # a spot gang's request, if gated on one
+        if cls:
+            body = consume(body, name, cls)
         job = self.api.create_job(build_job(body, name=name, nodes=self.n, port=port, gated=spot))
         uid = job.metadata.uid
         self.api.create_service(build_service(name, uid, port, labels))
-        if spot and self.by_request:
+        if cls:
             ref = owner(name, uid)
             create_request(
                 self.b.api,
                 build_pod_template(body, job=name, owner=ref, labels=labels),
-                build_request(
-                    job=name, nodes=self.n, owner=ref, labels=labels, cls=self.request_class or ""
-                ),
+                build_request(job=name, nodes=self.n, owner=ref, labels=labels, cls=cls),
             )
         elif spot:
             self.b.cluster.ensure_priority_class()

@@ -81,7 +81,7 @@ def request_name(job: str) -> str:
     return f"{job}-capacity"[:253]
 
 
-def consume(pod: Mapping[str, Any], job: str, cls: str = CHECK_CAPACITY) -> dict[str, Any]:
+def consume(pod: Mapping[str, Any], job: str, cls: str) -> dict[str, Any]:
     """The rank pod (API JSON) annotated to consume the gang's request of class ``cls`` (the
     autoscaler keeps the capacity it booked for the pods that carry it)."""
     out = copy.deepcopy(dict(pod))
@@ -118,7 +118,7 @@ def build_request(
     nodes: int,
     owner: Mapping[str, Any],
     labels: Mapping[str, str],
-    cls: str = CHECK_CAPACITY,
+    cls: str,
 ) -> dict[str, Any]:
     """The ProvisioningRequest of class ``cls`` for N copies of the PodTemplate."""
     return {

@@ -151,10 +151,13 @@ def test_the_request_and_its_template() -> None:
            "nodeSelector": {"karpenter.sh/capacity-type": "spot"}}}  # fmt: skip
     tmpl = build_pod_template(pod, job="g-a1", owner=ref, labels={"a": "b"})
     assert "schedulingGates" not in tmpl["template"]["spec"] and pod["spec"]["schedulingGates"]
-    pr = build_request(job="g-a1", nodes=4, owner=ref, labels={"a": "b"})
+    pr = build_request(job="g-a1", nodes=4, owner=ref, labels={"a": "b"}, cls=CHECK_CAPACITY)
     assert pr["spec"]["podSets"] == [{"podTemplateRef": {"name": "g-a1-capacity"}, "count": 4}]
     assert pr["spec"]["provisioningClassName"] == CHECK_CAPACITY
-    assert consume(pod, "g-a1")["metadata"]["annotations"][CONSUME_ANNOTATION] == "g-a1-capacity"
+    assert (
+        consume(pod, "g-a1", CHECK_CAPACITY)["metadata"]["annotations"][CONSUME_ANNOTATION]
+        == "g-a1-capacity"
+    )
     assert "annotations" not in pod["metadata"]
 
 

@@ -8,10 +8,9 @@ PodTemplate the backend creates, stores their status, and garbage-collects nothi
 delete. cluster-autoscaler itself does not run: the Go module proxy refuses
 ``k8s.io/autoscaler/cluster-autoscaler`` (403, "This module version is not available"), so it
 cannot be built here the way Karpenter is. The test therefore writes the conditions
-cluster-autoscaler's classes write (the atomic class says ``CapacityIsProvisioned`` where
-check-capacity says ``CapacityIsFound``; check-capacity's shown here) (``Provisioned`` False ``CapacityIsNotFound``
-"Capacity is not found, CA will try to find it later.", then True ``CapacityIsFound``
-"Capacity is found in the cluster"): that part is emulated. Our kubelet then makes the nodes
+cluster-autoscaler's classes write (``Provisioned`` False ``CapacityIsNotFound`` "Capacity is
+not found, CA will try to find it later.", then True: ``CapacityIsProvisioned`` for the atomic
+class, ``CapacityIsFound`` for check-capacity): that part is emulated. Our kubelet then makes the nodes
 for the ranks once their gates are lifted.
 """
 
