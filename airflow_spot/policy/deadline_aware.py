@@ -184,8 +184,19 @@ class DeadlineAware(Policy):
             bucket = context * len(model.edges) + model.bucket(age_s)
             return plan.cheap(tau, state, up, bucket, units)
 
+        def may_return() -> bool:
+            """Whether the plan would take a spot run of any age, in any context, from here
+            (asked again at every look). Where none would pay, a probe only finds capacity to
+            give back: its find is billed and nothing is gained."""
+            nb = len(model.edges)
+            return any(
+                plan.cheap(tau, state, True, c * nb + b, units)
+                for c in range(model.contexts)
+                for b in range(nb)
+            )
+
         if obs.spot_available is None:
-            return self._unseen(job, obs, model, context, cheap, slack)
+            return self._unseen(job, obs, model, context, (cheap, may_return), slack)
         up = obs.spot_available
         bucket = model.bucket(obs.spot_age_s)
         is_cheap = cheap(up, obs.spot_age_s)
@@ -204,6 +215,8 @@ class DeadlineAware(Policy):
         # spot is down: a probe or request that waits while it is down costs nothing, and it
         # sees the next run begin (so its age is known, not guessed)
         if obs.capacity is Capacity.ON_DEMAND:
+            if not may_return():
+                return Decision(Capacity.ON_DEMAND, "dp_od_no_return", (age_h, slack / HOUR))
             return Decision(Capacity.ON_DEMAND, "dp_od_spot_down", (age_h,), look=True)
         reserve = self.reserve(job, obs)
         if not is_cheap:
@@ -225,7 +238,7 @@ class DeadlineAware(Policy):
         obs: Observation,
         model: HazardModel,
         context: int,
-        cheap: Callable[[bool, float], bool],
+        tests: tuple[Callable[[bool, float], bool], Callable[[], bool]],
         slack: float,
     ) -> Decision:
         """Spot's state is not seen now (a cluster shows it only through the job's own spot
@@ -239,8 +252,10 @@ class DeadlineAware(Policy):
         * Last seen down, or never seen: a probe (or request) waiting while spot is down costs
           nothing and shows the next run begin; only capacity it finds and the job does not
           take is billed. So look, and ask for spot outright where the plan would take a run
-          that just began (``cheap`` at age 0): then a find is never wasted.
+          that just began (``cheap`` at age 0): then a find is never wasted. On on-demand,
+          look only while some run would pay a return (``may_return``).
         """
+        cheap, may_return = tests
         e, a = obs.spot_unseen_s, obs.spot_age_s
         seen = obs.spot_seen
         p_up = model.p_up(bool(seen), a, context, e) if seen is not None else None
@@ -268,12 +283,12 @@ class DeadlineAware(Policy):
             )
         else:
             belief = (e / HOUR, "down", "outage", (a + e) / HOUR, _pct(p_up), "it is back")
-        if cheap(True, 0.0) and obs.capacity is not Capacity.ON_DEMAND:
+        if cheap(True, 0.0):
             return Decision(Capacity.SPOT, "unseen_ask", (*belief, slack / HOUR))
         if obs.capacity is Capacity.ON_DEMAND:
-            if cheap(True, 0.0):
-                return Decision(Capacity.SPOT, "unseen_ask", (*belief, slack / HOUR))
-            return Decision(Capacity.ON_DEMAND, "unseen_probe", (*belief, slack / HOUR), look=True)
+            probe = may_return()
+            rule = "unseen_probe" if probe else "unseen_no_return"
+            return Decision(Capacity.ON_DEMAND, rule, (*belief, slack / HOUR), look=probe)
         return Decision(Capacity.ON_DEMAND, "unseen_od", (*belief, slack / HOUR), look=True)
 
 

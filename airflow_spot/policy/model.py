@@ -349,6 +349,7 @@ REASONS.update(
         "dp_settle": "spot back only {0:.2f} h (< {1:.2f} h to settle): stay on on-demand",
         "dp_return": "spot back {0:.2f} h, expected to last {1:.1f} h more, slack {2:.2f} h: return to spot",
         "dp_od_spot_down": "spot down {0:.2f} h: stay on on-demand rather than pay two changeovers",
+        "dp_od_no_return": "spot down {0:.2f} h, slack {1:.2f} h: no spot run, however long, would pay a return now; stay on on-demand, no probe",
         "dp_od": "spot down {0:.2f} h, expected outage {1:.1f} h more, slack {2:.2f} h: on-demand is cheaper in expectation than waiting",
         "dp_floor": "spot down {0:.2f} h, slack {1:.2f} h at the floor {2:.2f} h: on-demand",
         "dp_wait": "spot down {0:.2f} h, expected outage {1:.1f} h more, slack {2:.2f} h above the floor {3:.2f} h: wait",
@@ -359,6 +360,7 @@ REASONS.update(
         "unseen_keep_od": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: a run that young does not pay a return yet; stay on on-demand, no probe",
         "unseen_wait": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: wait with a request",
         "unseen_probe": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: stay on on-demand; probe",
+        "unseen_no_return": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: no spot run, however long, would pay a return now; stay on on-demand, no probe",
         "unseen_od": "spot unseen {0:.2f} h ({1} when last seen, {2} age {3:.2f} h: {4} % {5}), slack {6:.2f} h: on-demand; probe",
     }
 )

@@ -182,3 +182,21 @@ def test_the_baselines_fallback_says_it_keeps_two_changeovers() -> None:
         assert "counted in whole looks of 0.17 h" in d.reason, d.reason
     net = safety_net(job, look, Decision(NONE, "wait"))
     assert net.capacity is NONE  # the net keeps one changeover: that still fits
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["spot-seen-down", "spot-unseen"])
+def test_deadline_aware_stops_probing_where_no_return_can_pay(seen: bool) -> None:
+    """On on-demand near the end, where the plan would take no spot run however long (the work
+    left is about one changeover), a probe could only find capacity to give back, billed: the
+    policy stays on on-demand and stops looking. A little earlier it still looks."""
+    gang = JobSpec(48 * HOUR, 52 * HOUR, 0.2 * HOUR, 0.9731, 3.06, 300.0, nodes=4,
+                   acquire_s=300.0, make_before_break=True)  # fmt: skip
+    kw = {} if seen else {"spot_seen": False, "spot_unseen_s": 600.0, "spot_age_s": 1800.0}
+    spot = False if seen else None
+    policy = get_policy("deadline_aware")
+    end = policy.decide(gang, obs(50, 47.8, OD, spot=spot, **kw))  # 0.2 h of work left
+    assert (end.capacity, end.look) == (OD, False)
+    assert "no spot run, however long, would pay a return now" in end.reason
+    earlier = policy.decide(gang, obs(50, 47.6, OD, spot=spot, **kw))  # 0.4 h left
+    assert earlier.look or earlier.capacity is SPOT
+    assert "however long" not in earlier.reason
