@@ -119,10 +119,8 @@ class Turn:
             )
         self.act(decision, job, now)
         self.report.snapshot(now, job, obs)
-        if st.coming is not None and st.coming.granted_at is not None:
-            return StepResult(False, wake_at=now + self.args.poll_interval)  # hand over when ready
-        # (a return still waiting for capacity waits as a look does: spot is down, and a grant
-        # is read at the next decision, within the changeover that follows it)
+        if st.coming is not None:  # a return to spot: hand over as soon as it is ready
+            return StepResult(False, wake_at=now + self.args.poll_interval)
         return StepResult(False, wake_at=now + self.args.decision_interval.total_seconds())
 
     def _woke(self, now: float, event: SpotEvent | None) -> None:

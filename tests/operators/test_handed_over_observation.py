@@ -2,8 +2,7 @@
 return, handed over) while it restores the checkpoint on-demand saved: running spot, as the
 replay hands over only once the launch's changeover is paid, so the safety net does not call
 it off for a new on-demand launch. And a return still waiting for capacity when the on-demand
-attempt under it ends (a failure): the return is called off and on-demand launches again; and
-while it waits, the turn comes back at the next decision, not every poll."""
+attempt under it ends (a failure): the return is called off and on-demand launches again."""
 
 from __future__ import annotations
 
@@ -122,26 +121,3 @@ def test_on_demand_launches_again_under_a_waiting_return(tmp_path: Path, od_ende
     turn.act(Decision(Capacity.ON_DEMAND, "dp_od", (1.8, 7.9, -0.4), look=True), job, 3400.0)
     assert launched == ([(Capacity.ON_DEMAND, False)] if od_ended else [])
     assert len(called_off) == od_ended and st.coming is spot  # (stop_coming stubbed)
-
-
-@pytest.mark.parametrize("granted", [False, True])
-def test_a_waiting_return_wakes_at_the_decision_interval(tmp_path: Path, granted) -> None:
-    """A return to spot still waiting for capacity (spot is down: it would be granted within a
-    second otherwise) waits as a look does, to the next decision: before, the turn came back
-    every poll_interval (5 s) for as long as spot stayed down, each with a decision, a log
-    line and a state write, and never let the task defer. Once granted, the turn comes back
-    every poll_interval to hand over as soon as spot is ready."""
-    st = JobState(started_at=0.0, deadline_at=62 * 3600.0, total_steps=STEPS)
-    turn = _turn(tmp_path, st)
-    od = AttemptRecord(1, "on_demand", AttemptHandle(run_dir="/r/1"), 0.0, started_at=60.0)
-    od.granted_at = 0.0
-    spot = AttemptRecord(2, "spot", AttemptHandle(run_dir="/r/2"), 3000.0)
-    spot.granted_at = 3300.0 if granted else None
-    st.attempts, st.current, st.incoming = [od, spot], 0, 1
-    seen = SpotView.now(granted, 0.0 if granted else 400.0, "request")
-    turn._look = lambda now: (None, seen)
-    turn.act = lambda decision, job, now: None
-    now = 3400.0
-    wake = turn.advance(now, None).wake_at - now
-    assert wake == (turn.args.poll_interval if granted else 60.0)
-    assert turn.args.decision_interval == timedelta(seconds=60)
