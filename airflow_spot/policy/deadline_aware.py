@@ -196,7 +196,7 @@ class DeadlineAware(Policy):
             )
 
         if obs.spot_available is None:
-            return self._unseen(job, obs, model, context, (cheap, may_return), slack)
+            return self._unseen(job, obs, model, context, cheap, may_return, slack)
         up = obs.spot_available
         bucket = model.bucket(obs.spot_age_s)
         is_cheap = cheap(up, obs.spot_age_s)
@@ -238,7 +238,8 @@ class DeadlineAware(Policy):
         obs: Observation,
         model: HazardModel,
         context: int,
-        tests: tuple[Callable[[bool, float], bool], Callable[[], bool]],
+        cheap: Callable[[bool, float], bool],
+        may_return: Callable[[], bool],
         slack: float,
     ) -> Decision:
         """Spot's state is not seen now (a cluster shows it only through the job's own spot
@@ -255,7 +256,6 @@ class DeadlineAware(Policy):
           that just began (``cheap`` at age 0): then a find is never wasted. On on-demand,
           look only while some run would pay a return (``may_return``).
         """
-        cheap, may_return = tests
         e, a = obs.spot_unseen_s, obs.spot_age_s
         seen = obs.spot_seen
         p_up = model.p_up(bool(seen), a, context, e) if seen is not None else None
